@@ -1,0 +1,267 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Ansible module: closed-loop throughput sweep of an OpenAI-compatible vLLM endpoint."""
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vllm_sweep
+short_description: Measure a vLLM endpoint with a closed-loop concurrency sweep
+description:
+  - For each concurrency level C, runs C workers that each send their next streaming request
+    when their last one ends (closed loop). Each level has a warm-up (the first
+    I(warmup_requests) completions), then a steady-state window that lasts I(duration_s) and at
+    least I(min_requests) requests (whichever ends later), then a drain (in-flight requests
+    finish; nothing new is sent). Ramp-up and drain are excluded from rates and latencies.
+  - Prompts are random token-id lists of exactly I(input_len) tokens sent to
+    C(/v1/completions), drawn afresh per level and per run so prefix caching cannot flatter a
+    level. Output length is forced with C(max_tokens = min_tokens = output_len) and
+    C(ignore_eos); every request's C(usage.completion_tokens) is checked. Token counts come from
+    the server's usage (C(stream_options.include_usage)), never from chunks or re-tokenizing.
+  - "Window: opens at the completion of the last warm-up request (w0), closes at the
+    completion of the request that satisfied both the duration and the request count (w1)."
+  - "Rates: output tok/s = sum of usage.completion_tokens of successful requests that ended
+    in (w0, w1], divided by (w1 - w0); total tok/s adds their prompt tokens; requests/s
+    counts them. Achieved concurrency = time-average of requests in flight over the window."
+  - "Latencies use successful requests that started and ended inside the window.
+    TTFT = first token chunk - request sent. E2E = stream end - request sent.
+    TPOT = (E2E - TTFT) / (N - 1), N = usage.completion_tokens (vLLM's name; guidellm and
+    aiperf call this ITL). ITL = gaps between consecutive token chunks (vLLM's name); tokens
+    per chunk come from the server's running usage count. Each latency: mean, p50, p90, p99,
+    max; percentiles by linear interpolation between closest ranks (numpy's default)."
+  - "Goodput (when SLOs are given): requests counted in the rates that meet every given SLO,
+    per second. A level meets the SLOs when the p99 of each latency with an SLO is within it
+    and no request failed."
+  - "Output-length check: a level where more than 1% of successful requests did not return
+    exactly I(output_len) tokens is marked (C(output_length.marked))."
+  - "Server cross-check: the deltas of C(vllm:generation_tokens_total) and
+    C(vllm:prompt_tokens_total) (summed over label sets) from I(metrics_url) across the whole
+    level (warm-up to drain) against the client's usage totals over the same requests."
+  - "Saturation: after each level the sweep stops (with I(stop_on_saturation)) and says why
+    when a request failed, an SLO broke, or output tok/s rose by less than
+    I(saturation_threshold) per doubling of concurrency (threshold * log2(C/C_prev) for other
+    steps) while TTFT p50 grew. Knee: the error-free level of maximum output tok/s, and the
+    highest level meeting the SLOs."
+  - "Client health: CPU time (time.process_time) and event-loop lag (a 10 ms ticker) per level;
+    a level is marked C(client_limited) when loop-lag p99 exceeds 10 ms or the client used
+    more than 80% of a core over the window."
+  - Before any level it checks C(GET /v1/models) (unreachable server or a model name not served
+    fails here, listing the served names) and learns the vocabulary size from validation
+    errors of C(/v1/completions) unless I(vocab_size) is given.
+  - Needs C(aiohttp) importable by the Python that runs the module; vLLM depends on it, so
+    setting C(ansible_python_interpreter) to the vLLM virtualenv's python works.
+  - It only measures, so it always reports C(changed=false); the caller persists the facts.
+    In check mode it sends nothing (a sweep loads the server for minutes) and returns
+    C(skipped=true) with no facts.
+options:
+  base_url:
+    description: Base URL of the server, e.g. C(http://127.0.0.1:8000) (no C(/v1)).
+    type: str
+    required: true
+  model:
+    description: Served model name (as listed by C(/v1/models)).
+    type: str
+    required: true
+  api_key:
+    description: Bearer token for the server, if it needs one. Never logged or returned.
+    type: str
+  levels:
+    description: Concurrency levels, run in this order. Each must be a positive integer.
+    type: list
+    elements: int
+    default: [1, 2, 4, 8, 16, 32, 64, 128]
+  input_len:
+    description: Prompt length in tokens (exact with I(endpoint=completions)).
+    type: int
+    default: 128
+  output_len:
+    description: Output tokens per request (exact, C(max_tokens = min_tokens), C(ignore_eos)).
+    type: int
+    default: 128
+  duration_s:
+    description: Minimum length of each level's measurement window, seconds.
+    type: float
+    default: 20
+  min_requests:
+    description: Minimum requests started and ended inside each window. Default C(max(2*C, 8)).
+    type: int
+  warmup_requests:
+    description: Completions before each window opens. Default C(C) (every worker done once).
+    type: int
+  endpoint:
+    description:
+      - C(completions) sends token-id prompts to C(/v1/completions).
+      - C(chat) sends random words to C(/v1/chat/completions); the prompt token count then
+        depends on the chat template and is reported, not forced.
+    type: str
+    choices: [completions, chat]
+    default: completions
+  request_timeout_s:
+    description: Per-request timeout, seconds; a timed-out request counts as failed.
+    type: float
+    default: 600
+  slo_ttft_ms:
+    description: TTFT SLO (ms), checked against each level's p99 and per request for goodput.
+    type: float
+  slo_tpot_ms:
+    description: TPOT SLO (ms), as above.
+    type: float
+  slo_e2e_ms:
+    description: End-to-end latency SLO (ms), as above.
+    type: float
+  saturation_threshold:
+    description: Minimum relative gain of output tok/s per doubling of concurrency.
+    type: float
+    default: 0.1
+  stop_on_saturation:
+    description: Stop after the first level with a saturation, error or SLO signal.
+    type: bool
+    default: true
+  request_log_path:
+    description: Where to write per-request records (JSON lines) on the host running the
+      module. Times are seconds from the start of the sweep.
+    type: path
+  metrics_url:
+    description: Prometheus endpoint for the server cross-check. Default I(base_url)C(/metrics).
+    type: str
+  vocab_size:
+    description: Token ids for prompts are drawn from C([0, vocab_size)). Learned from the
+      server when omitted.
+    type: int
+author: vllm-deploy
+"""
+
+EXAMPLES = r"""
+- name: Sweep the local endpoint
+  ansible.legacy.vllm_sweep:
+    base_url: http://127.0.0.1:8000
+    model: tiny
+    levels: [1, 2, 4, 8]
+    input_len: 64
+    output_len: 64
+    duration_s: 10
+    request_log_path: /var/tmp/vllm-sweep.jsonl
+  vars:
+    ansible_python_interpreter: /opt/vllm/venv/bin/python
+
+- name: Sweep against SLOs, key from the environment
+  ansible.legacy.vllm_sweep:
+    base_url: "https://llm.example.com"
+    model: Kimi-K2.5
+    api_key: "{{ lookup('ansible.builtin.env', 'VLLM_API_KEY') }}"
+    slo_ttft_ms: 2000
+    slo_tpot_ms: 50
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts set by the module.
+  returned: success, not in check mode
+  type: dict
+  contains:
+    vllm_sweep:
+      description: The sweep result.
+      type: dict
+      contains:
+        levels:
+          description: >-
+            One summary per level run: concurrency, requests_total/ok/failed,
+            failed_in_window, requests_in_window, requests_measured, window_s,
+            output_tokens_in_window, output_tok_s, total_tok_s, request_s,
+            achieved_concurrency, ttft_ms/tpot_ms/itl_ms/e2e_ms (count, mean, p50, p90, p99,
+            max), tokens_per_chunk (mean, max), output_length (expected, checked, mismatched,
+            fraction, marked), errors (message -> count), goodput (request_s, output_tok_s,
+            fraction; null without SLOs), slo (met, breaks), client (cpu_s_level,
+            cpu_s_window, cpu_util_window, cpu_ms_per_1k_output_tokens, loop_lag_ms,
+            client_limited, client_limited_reasons), timing (warmup_s, drain_s, level_s,
+            warmup_requests, min_requests), aborted, server_check (client_/server_ output and
+            prompt tokens, output_diff, prompt_diff, match), saturation_signal.
+          type: list
+          elements: dict
+        headline:
+          description: >-
+            single_stream_tok_s (output tok/s at concurrency 1), peak_output_tok_s,
+            peak_level, knee (max_throughput_level, max_output_tok_s,
+            highest_level_meeting_slo), client_limited_levels, output_length_marked_levels,
+            levels_with_errors.
+          type: dict
+        stop_reason:
+          description: Why the sweep ended.
+          type: str
+        parameters:
+          description: The parameters used (api_key left out), with the run's random seed.
+          type: dict
+        client:
+          description: Python, aiohttp version, total client CPU seconds, the limits used.
+          type: dict
+        server:
+          description: served_models, max_model_len, vocab_size, metrics_available.
+          type: dict
+table:
+  description: The per-level results as text lines.
+  returned: success, not in check mode
+  type: list
+  elements: str
+skipped:
+  description: True in check mode (nothing was sent).
+  returned: check mode
+  type: bool
+"""
+
+import sys
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sweep_client import HAS_AIOHTTP, SweepError, check_params, run_sweep
+from ansible.module_utils.sweep_metrics import format_table
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            base_url=dict(type="str", required=True),
+            model=dict(type="str", required=True),
+            api_key=dict(type="str", no_log=True),
+            levels=dict(type="list", elements="int", default=[1, 2, 4, 8, 16, 32, 64, 128]),
+            input_len=dict(type="int", default=128),
+            output_len=dict(type="int", default=128),
+            duration_s=dict(type="float", default=20),
+            min_requests=dict(type="int"),
+            warmup_requests=dict(type="int"),
+            endpoint=dict(type="str", default="completions", choices=["completions", "chat"]),
+            request_timeout_s=dict(type="float", default=600),
+            slo_ttft_ms=dict(type="float"),
+            slo_tpot_ms=dict(type="float"),
+            slo_e2e_ms=dict(type="float"),
+            saturation_threshold=dict(type="float", default=0.1),
+            stop_on_saturation=dict(type="bool", default=True),
+            request_log_path=dict(type="path"),
+            metrics_url=dict(type="str"),
+            vocab_size=dict(type="int"),
+        ),
+        supports_check_mode=True,
+    )
+    params = dict(module.params)
+    log_path = params.pop("request_log_path")
+    try:
+        check_params(params)
+    except SweepError as e:
+        module.fail_json(msg=str(e))
+    if module.check_mode:
+        module.exit_json(changed=False, skipped=True,
+                         msg="check mode: no load sent (a sweep loads the server for minutes)")
+    if not HAS_AIOHTTP:
+        module.fail_json(msg="vllm_sweep needs aiohttp, which %s cannot import; run the module "
+                             "with a Python that has it (e.g. set ansible_python_interpreter "
+                             "to the vLLM virtualenv's python)" % sys.executable)
+    try:
+        result = run_sweep(params, request_log_path=log_path)
+    except SweepError as e:
+        module.fail_json(msg=str(e))
+    except (IOError, OSError) as e:
+        module.fail_json(msg="request_log_path %s: %s" % (log_path, e))
+    module.exit_json(changed=False, ansible_facts={"vllm_sweep": result},
+                     table=format_table(result["levels"]))
+
+
+if __name__ == "__main__":
+    main()
