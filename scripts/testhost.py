@@ -322,6 +322,31 @@ def machine_ca_certs():
                   if n.endswith(".crt") and os.path.isfile(os.path.join(folder, n)))
 
 
+def harness_vars(with_wheelhouse=None):
+    """Group vars a test host needs from this machine: its extra CAs (HTTPS through the
+    TLS-inspecting egress, installed by host_prep like on a real host behind a proxy) and,
+    where pip here has a local wheelhouse, that directory (offered read-only in the host)
+    instead of PyTorch's CPU index, which this machine cannot reach."""
+    if with_wheelhouse is None:
+        with_wheelhouse = pip_find_links() is not None
+    out = {"host_prep_extra_ca_certs": machine_ca_certs()}
+    if with_wheelhouse:
+        out["vllm_install_find_links"] = [WHEELHOUSE_IN_HOST]
+        out["vllm_install_torch_index_url"] = ""
+    return out
+
+
+def write_yaml_vars(data, out):
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tmp = out + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("# Written by scripts/testhost.py for this machine's test hosts.\n")
+        json.dump(data, f, indent=2)  # JSON is valid YAML
+        f.write("\n")
+    os.replace(tmp, out)
+    return out
+
+
 def write_inventory(names, out, group="vllm_hosts", extra_vars=None):
     hosts = {}
     for name in names:
@@ -338,23 +363,10 @@ def write_inventory(names, out, group="vllm_hosts", extra_vars=None):
             "ansible_python_interpreter": "/usr/bin/python3",
         }
         hosts[name] = hv
-    # What a test host needs from this machine: its extra CAs (for HTTPS through the
-    # TLS-inspecting egress) and the local wheelhouse (torch's CPU wheel is there).
-    group_vars = {"host_prep_extra_ca_certs": machine_ca_certs()}
-    if any((_state(n) or {}).get("wheelhouse") for n in names):
-        # PyTorch's CPU index is not reachable from here; the wheelhouse has torch+cpu.
-        group_vars["vllm_install_find_links"] = [WHEELHOUSE_IN_HOST]
-        group_vars["vllm_install_torch_index_url"] = ""
+    group_vars = harness_vars(any((_state(n) or {}).get("wheelhouse") for n in names))
     group_vars.update(extra_vars or {})
     doc = {"all": {"children": {group: {"hosts": hosts, "vars": group_vars}}}}
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    tmp = out + ".tmp"
-    with open(tmp, "w") as f:
-        f.write("# Written by scripts/testhost.py: local systemd-nspawn test hosts.\n")
-        json.dump(doc, f, indent=2)  # JSON is valid YAML
-        f.write("\n")
-    os.replace(tmp, out)
-    return out
+    return write_yaml_vars(doc, out)
 
 
 def main(argv=None):
@@ -373,6 +385,8 @@ def main(argv=None):
     i.add_argument("--out", required=True)
     i.add_argument("--group", default="vllm_hosts")
     i.add_argument("--vars-json", default=None, help="group vars as a JSON object")
+    h = sub.add_parser("harness-vars", help="write the group vars test hosts need here")
+    h.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     try:
         if args.cmd == "rootfs":
@@ -388,6 +402,8 @@ def main(argv=None):
         elif args.cmd == "inventory":
             extra = json.loads(args.vars_json) if args.vars_json else None
             print(write_inventory(args.names, args.out, args.group, extra))
+        elif args.cmd == "harness-vars":
+            print(write_yaml_vars(harness_vars(), args.out))
     except HarnessError as e:
         print("testhost: error: %s" % e, file=sys.stderr)
         return 2

