@@ -192,19 +192,29 @@ def check_gpu_count(gpu_count, tensor_parallel=1, pipeline_parallel=1, data_para
     return []
 
 
+PARALLEL_NAMES = ("tensor_parallel", "pipeline_parallel", "data_parallel")
+
+
 def preflight(facts, cuda_version=None, tensor_parallel=1, pipeline_parallel=1, data_parallel=1,
-              host="this host", cuda_var="gpu_host_cuda_version", require_gpu=True):
-    """All GPU host checks on gpu_facts (see gpu_facts module). Returns a list of messages."""
+              host="this host", cuda_var="gpu_host_cuda_version", require_gpu=True,
+              parallel_names=PARALLEL_NAMES, profile_var="the profile"):
+    """All GPU host checks on gpu_facts (see gpu_facts module). Returns a list of messages.
+
+    cuda_var, parallel_names (tp, pp, dp) and profile_var are the variable names the messages
+    tell the user to change (a role passes its own, e.g. gpu_host_tensor_parallel).
+    """
     if not facts.get("present"):
         if require_gpu:
-            return ["%s has no NVIDIA GPU (gpu_facts.present is false) but the profile needs "
-                    "%d GPU(s): use a CPU profile for %s or fix the driver"
-                    % (host, tensor_parallel * pipeline_parallel * data_parallel, host)]
+            return ["%s has no NVIDIA GPU (gpu_facts.present is false: %s) but %s needs "
+                    "%d GPU(s): choose a CPU profile in %s for %s, or install the driver"
+                    % (host, facts.get("nvidia_smi_error") or "nvidia-smi listed no GPU",
+                       profile_var, tensor_parallel * pipeline_parallel * data_parallel,
+                       profile_var, host)]
         return []
     errors = []
     if cuda_version:
         errors += check_driver(facts.get("driver_version"), cuda_version, cuda_var)
     errors += check_kernel_module(facts.get("gpus"), facts.get("kernel_module"))
     errors += check_gpu_count(facts.get("count", 0), tensor_parallel, pipeline_parallel,
-                              data_parallel)
+                              data_parallel, names=tuple(parallel_names))
     return ["%s: %s" % (host, e) for e in errors]
