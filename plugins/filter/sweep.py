@@ -27,6 +27,8 @@ def vllm_sweep_compact(level):
     out["flags"] = flags
     if level.get("goodput") is not None:
         out["goodput"] = level.get("goodput")
+    if level.get("saturation_signal"):
+        out["saturation_signal"] = level["saturation_signal"]
     return out
 
 

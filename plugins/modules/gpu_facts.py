@@ -57,6 +57,17 @@ options:
     description: The host must have a GPU; a host without one gets a preflight error naming it.
     type: bool
     default: false
+  host_name:
+    description: Name of the host in preflight messages (e.g. C(inventory_hostname)). Default the
+      host's node name.
+    type: str
+  variable_names:
+    description:
+      - Names the preflight messages tell the user to change, keyed by C(cuda_version),
+        C(tensor_parallel), C(pipeline_parallel), C(data_parallel) and C(profile) (a role passes
+        its own variables, e.g. C(gpu_host_tensor_parallel)). Missing keys keep the option name.
+    type: dict
+    default: {}
 notes:
   - Preflight problems are returned in C(gpu_facts.preflight_errors), not raised; the caller fails.
 author:
@@ -114,6 +125,10 @@ ansible_facts:
           type: dict
         nccl:
           description: Derived environment - env, reasons, vllm_args, summary, profile.
+          type: dict
+        nccl_no_p2p:
+          description: The environment derived for class C(no-p2p) with the same profile, set
+            size and overrides (the fallback when an all-reduce over P2P hangs).
           type: dict
         preflight_errors: {description: Messages naming the variable to change, type: list}
 """
@@ -185,6 +200,8 @@ def main():
             pipeline_parallel=dict(type="int", default=1),
             data_parallel=dict(type="int", default=1),
             require_gpu=dict(type="bool", default=False),
+            host_name=dict(type="str"),
+            variable_names=dict(type="dict", default={}),
         ),
         supports_check_mode=True,
     )
@@ -199,16 +216,30 @@ def main():
 
     topo_class = facts["topology"]["class"] or "single-gpu"
     set_size = len(p["gpus"]) if p["gpus"] else facts["count"]
+    names = dict(cuda_version="cuda_version", tensor_parallel="tensor_parallel",
+                 pipeline_parallel="pipeline_parallel", data_parallel="data_parallel",
+                 profile="the profile")
+    unknown = sorted(set(p["variable_names"]) - set(names))
+    if unknown:
+        module.fail_json(msg="variable_names: unknown keys %s (known: %s)"
+                         % (", ".join(unknown), ", ".join(sorted(names))))
+    names.update({k: str(v) for k, v in p["variable_names"].items()})
     try:
         nccl = derive(topo_class, p["nccl_profile"], set_size, p["nccl_overrides"])
+        no_p2p = derive("no-p2p", p["nccl_profile"], set_size, p["nccl_overrides"])
     except ValueError as exc:
         module.fail_json(msg="nccl_overrides: %s" % exc)
     nccl["profile"] = p["nccl_profile"]
+    no_p2p["profile"] = p["nccl_profile"]
     facts["nccl"] = nccl
+    facts["nccl_no_p2p"] = no_p2p
     facts["preflight_errors"] = preflight(
         facts, p["cuda_version"], p["tensor_parallel"], p["pipeline_parallel"],
-        p["data_parallel"], host="host %s" % platform.node(), cuda_var="cuda_version",
-        require_gpu=p["require_gpu"])
+        p["data_parallel"], host="host %s" % (p["host_name"] or platform.node()),
+        cuda_var=names["cuda_version"], require_gpu=p["require_gpu"],
+        parallel_names=(names["tensor_parallel"], names["pipeline_parallel"],
+                        names["data_parallel"]),
+        profile_var=names["profile"])
     module.exit_json(changed=False, ansible_facts={"gpu_facts": facts})
 
 

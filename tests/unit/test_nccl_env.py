@@ -164,9 +164,28 @@ def test_preflight_blackwell_needs_open_modules():
 def test_preflight_no_gpu():
     none = {"present": False, "count": 0, "gpus": []}
     errors = ne.preflight(none, "13.0", tensor_parallel=2, host="cpu-demo")
-    assert errors == ["cpu-demo has no NVIDIA GPU (gpu_facts.present is false) but the profile "
-                      "needs 2 GPU(s): use a CPU profile for cpu-demo or fix the driver"]
+    assert errors == ["cpu-demo has no NVIDIA GPU (gpu_facts.present is false: nvidia-smi "
+                      "listed no GPU) but the profile needs 2 GPU(s): choose a CPU profile in "
+                      "the profile for cpu-demo, or install the driver"]
     assert ne.preflight(none, "13.0", require_gpu=False) == []
+    none["nvidia_smi_error"] = "nvidia-smi not found"
+    errors = ne.preflight(none, None, tensor_parallel=4, host="vd-1",
+                          profile_var="vllm_service_profile=minimax-m2.5-tp4")
+    assert errors[0].startswith("vd-1 has no NVIDIA GPU (gpu_facts.present is false: "
+                                "nvidia-smi not found) but vllm_service_profile=minimax-m2.5-tp4 "
+                                "needs 4 GPU(s)")
+
+
+def test_preflight_names_the_callers_variables():
+    facts = {"present": True, "count": 2, "driver_version": "570.26", "kernel_module": "open",
+             "gpus": [{"name": "H200", "compute_cap": "9.0", "compute_cap_major": 9}] * 2}
+    names = ("gpu_host_tensor_parallel", "gpu_host_pipeline_parallel", "gpu_host_data_parallel")
+    errors = ne.preflight(facts, "13.0", tensor_parallel=4, host="h", parallel_names=names,
+                          cuda_var="gpu_host_cuda_version")
+    assert len(errors) == 2
+    assert "driver 570.26 is too old for gpu_host_cuda_version=13.0 (needs >= 580.65.06)" in errors[0]
+    assert ("gpu_host_tensor_parallel 4 x gpu_host_pipeline_parallel 1 x gpu_host_data_parallel 1"
+            " = 4 GPUs, host has 2: lower gpu_host_tensor_parallel or") in errors[1]
 
 
 def test_gpu_count_bad_values():
