@@ -154,8 +154,9 @@ def write_model(out: str, vocab_size: int = 2048, seed: int = 0, hidden: int = 1
         json.dump(cfg, f, indent=2, sort_keys=True)
     with open(os.path.join(out, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": 1, "eos_token_id": 2, "do_sample": False}, f, indent=2)
-    save_file(random_weights(cfg, seed), os.path.join(out, "model.safetensors"),
-              metadata={"format": "pt"})
+    weights = os.path.join(out, "model.safetensors")
+    save_file(random_weights(cfg, seed), weights, metadata={"format": "pt"})
+    os.chmod(weights, 0o600)  # what transformers' save_pretrained leaves, whatever the umask
     return cfg
 
 

@@ -455,7 +455,7 @@ def compare(paths, out_dir, labels=None):
         seen[r["label"]] = seen.get(r["label"], 0) + 1
     if any(n > 1 for n in seen.values()):
         for i, r in enumerate(runs, 1):
-            r["label"] = "[%d] %s" % (i, r["label"])
+            r["label"] = "%s #%d" % (r["label"], i)
     if not os.path.isdir(out_dir):
         os.makedirs(out_dir)
     lines = compare_table(runs)

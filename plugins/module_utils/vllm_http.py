@@ -1,7 +1,7 @@
 """Readiness checks for a vLLM OpenAI-compatible endpoint (stdlib only).
 
 Ready means, in order: GET /health answers 200 (a refused connection means still loading;
-503 means the engine died), GET /v1/models lists the served model name, and one real
+503 means the engine died: the caller's on_wait decides whether to keep waiting), GET /v1/models lists the served model name, and one real
 completion returns exactly the requested number of tokens (counted by the server's usage).
 """
 from __future__ import annotations
@@ -16,6 +16,16 @@ from urllib.request import Request, urlopen
 
 class EndpointError(Exception):
     """The endpoint answered, but not the way a ready vLLM server does."""
+
+
+class LoadTimeout(TimeoutError):
+    """The deadline passed while the server was still loading; ``last`` is the last /health
+    answer (None = connection refused)."""
+
+    def __init__(self, message, last=None, elapsed=0.0):
+        super().__init__(message)
+        self.last = last
+        self.elapsed = elapsed
 
 
 def _request(url, api_key=None, body=None, timeout=10.0):
@@ -73,8 +83,9 @@ def wait_ready(base_url, model, timeout_s, tokens=8, api_key=None, poll_s=2.0,
     """Wait for /health 200, then check /v1/models and one completion.
 
     Returns a dict with the elapsed seconds and what was checked. Raises EndpointError on a
-    definite failure (503 from /health, model not served, wrong token count) and
-    TimeoutError when the deadline passes while still loading.
+    definite failure (model not served, wrong token count, or whatever ``on_wait`` raises,
+    e.g. the unit crashing) and
+    LoadTimeout (a TimeoutError) when the deadline passes while still loading.
     """
     start = clock()
     last = None
@@ -83,9 +94,10 @@ def wait_ready(base_url, model, timeout_s, tokens=8, api_key=None, poll_s=2.0,
         if last == 200:
             break
         if clock() - start >= timeout_s:
-            raise TimeoutError("%s/health not ready after %.0f s (last answer: %s)"
-                               % (base_url, clock() - start,
-                                  "connection refused" if last is None else last))
+            raise LoadTimeout("%s/health not ready after %.0f s (last answer: %s)"
+                              % (base_url, clock() - start,
+                                 "connection refused" if last is None else last),
+                              last=last, elapsed=clock() - start)
         if on_wait is not None:
             on_wait(clock() - start, last)
         sleep(poll_s)

@@ -25,8 +25,12 @@ from __future__ import annotations
 import copy
 import re
 
-from ansible.module_utils.vllm_profile import (ProfileError, parse_flags, render_argv,
-                                               validate_args, validate_env)
+try:
+    from ansible.module_utils.vllm_profile import (ProfileError, parse_flags, render_argv,
+                                                   validate_args, validate_env)
+except ImportError:  # loaded by path from a controller-side filter (plugins/filter/vllm_profile.py)
+    from _vllm_deploy_vllm_profile import (ProfileError, parse_flags, render_argv,  # noqa
+                                           validate_args, validate_env)
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 ENTRYPOINT = ["-m", "vllm.entrypoints.openai.api_server"]
@@ -81,7 +85,6 @@ def model_max_len(config):
 def base_env(home):
     """Caches on persistent storage the service user can write; the service never downloads."""
     return {
-        "HOME": home,
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "XDG_CACHE_HOME": home + "/.cache",

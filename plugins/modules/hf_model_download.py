@@ -92,6 +92,14 @@ options:
     description: Seconds between progress lines.
     type: float
     default: 5
+  offline:
+    description:
+      - Verify only. Succeeds (unchanged) when the manifest in I(local_dir) proves the request
+        (what a re-run checks before any network call); otherwise fails, naming why, without
+        contacting the Hub or writing anything. For weights on shared storage or copied from
+        another host. Needs no huggingface_hub (any Python >= 3.9 runs it).
+    type: bool
+    default: false
 notes:
   - Check mode reports the plan (bytes_needed, bytes_free) after the read-only Hub calls.
   - Plain-HTTP downloads are refused by huggingface_hub above 50 GB per file; larger files
@@ -438,6 +446,7 @@ def main():
             overrides=dict(type="list", elements="dict", default=[]),
             manifest=dict(type="str", default=".hf-manifest.json"),
             progress_interval=dict(type="float", default=5.0),
+            offline=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -483,6 +492,10 @@ def main():
                       overrides_applied=old.get("overrides_applied") or [],
                       reason="manifest matches (verified_at %s)" % old.get("verified_at"))
         module.exit_json(**result)
+    if p["offline"]:
+        fail("offline verification of %s@%s in %s failed: %s (manifest %s); nothing was "
+             "downloaded" % (p["repo_id"], p["revision"], local_dir, why, manifest_path),
+             verified=False)
 
     # ---- plan: resolve, list, select, preflight, probe (read-only)
     env = hub_env(p)

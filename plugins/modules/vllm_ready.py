@@ -47,6 +47,25 @@ options:
         while loading), or as soon as systemd marks it failed.
     type: int
     default: 2
+  restarts_baseline:
+    description:
+      - NRestarts of I(unit) when the wait began (from an earlier slice's C(restarts_baseline));
+        default is the count at the start of this call.
+    type: int
+  partial:
+    description:
+      - Wait one slice only. When I(timeout_s) passes while the server is still loading, return
+        C(ready=false) with progress (C(elapsed_s), C(health_status), C(journal_last),
+        C(restarts_baseline)) instead of failing. Used by the vllm_service role's action plugin,
+        which calls the module in slices of I(progress_s) and prints progress between them.
+    type: bool
+    default: false
+  progress_s:
+    description:
+      - Seconds per slice for the role's action plugin (it prints the elapsed time and the latest
+        journal line after each). The module itself ignores it.
+    type: int
+    default: 15
 author: vllm-deploy
 """
 
@@ -78,12 +97,28 @@ journal_tail:
   type: list
   elements: str
   returned: failure
+ready:
+  description: Whether the endpoint passed all checks (false only with I(partial)).
+  type: bool
+  returned: always
+journal_last:
+  description: The latest journal line of I(unit) (with I(partial), while loading).
+  type: str
+  returned: when not ready
+health_status:
+  description: Last C(/health) answer; null while the connection is refused.
+  type: int
+  returned: always
+restarts_baseline:
+  description: NRestarts of I(unit) when the wait began (pass it to the next slice).
+  type: int
+  returned: when I(unit) is set
 """
 
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vllm_http import EndpointError, wait_ready
+from ansible.module_utils.vllm_http import EndpointError, LoadTimeout, wait_ready
 
 
 def journal_tail(unit, lines):
@@ -109,9 +144,10 @@ def unit_state(unit):
     return props.get("ActiveState"), int(restarts) if restarts.isdigit() else None
 
 
-def crash_watch(unit, max_restarts):
+def crash_watch(unit, max_restarts, first=None):
     """An on_wait callback that stops the wait as soon as the unit has clearly failed."""
-    _, first = unit_state(unit)
+    if first is None:
+        _, first = unit_state(unit)
 
     def check(elapsed, last_status):
         state, restarts = unit_state(unit)
@@ -135,6 +171,9 @@ def main():
             unit=dict(type="str"),
             journal_lines=dict(type="int", default=40),
             max_restarts=dict(type="int", default=2),
+            restarts_baseline=dict(type="int"),
+            partial=dict(type="bool", default=False),
+            progress_s=dict(type="int", default=15),
         ),
         supports_check_mode=True,
     )
@@ -143,14 +182,29 @@ def main():
         module.fail_json(msg="timeout_s and tokens must be positive (got %s, %s)"
                          % (p["timeout_s"], p["tokens"]))
     if module.check_mode:
-        module.exit_json(changed=False, skipped=True, msg="check mode: endpoint not probed")
+        module.exit_json(changed=False, skipped=True, ready=False,
+                         msg="check mode: endpoint not probed")
+    baseline = p["restarts_baseline"]
+    if p["unit"] and baseline is None:
+        baseline = unit_state(p["unit"])[1]
+    extra = {"restarts_baseline": baseline} if p["unit"] else {}
     try:
         result = wait_ready(p["url"], p["model"], p["timeout_s"], tokens=p["tokens"],
                             api_key=p["api_key"],
-                            on_wait=crash_watch(p["unit"], p["max_restarts"]) if p["unit"] else None)
-    except (EndpointError, TimeoutError) as e:
-        module.fail_json(msg=str(e), journal_tail=journal_tail(p["unit"], p["journal_lines"]))
-    module.exit_json(changed=False, **result)
+                            on_wait=crash_watch(p["unit"], p["max_restarts"], baseline)
+                            if p["unit"] else None)
+    except LoadTimeout as e:
+        if p["partial"]:
+            last = journal_tail(p["unit"], 1)
+            module.exit_json(changed=False, ready=False, msg=str(e),
+                             elapsed_s=round(e.elapsed, 1), health_status=e.last,
+                             journal_last=last[-1] if last else "", **extra)
+        module.fail_json(msg=str(e), ready=False, health_status=e.last,
+                         journal_tail=journal_tail(p["unit"], p["journal_lines"]), **extra)
+    except (EndpointError, OSError, ValueError) as e:  # URLError, socket timeout, bad JSON
+        module.fail_json(msg=str(e), ready=False,
+                         journal_tail=journal_tail(p["unit"], p["journal_lines"]), **extra)
+    module.exit_json(changed=False, ready=True, **dict(result, **extra))
 
 
 if __name__ == "__main__":

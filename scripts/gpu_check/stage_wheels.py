@@ -67,10 +67,14 @@ def sha256(path):
     return h.hexdigest()
 
 
-def pack(files, cap):
-    """files: [(name, size)] -> parts: [[(name, offset, length)]]; big files are split."""
+def pack(files, cap, first=()):
+    """files: [(name, size)] -> parts: [[(name, offset, length)]]; big files are split.
+    Names starting with a prefix in ``first`` go into part 1 (what the first call needs)."""
     parts, room = [], []
-    whole = sorted((f for f in files if f[1] <= cap), key=lambda f: -f[1])
+
+    def early(name):
+        return any(name.lower().startswith(p) for p in first)
+    whole = sorted((f for f in files if f[1] <= cap), key=lambda f: (not early(f[0]), -f[1]))
     big = [f for f in files if f[1] > cap]
     for name, size in whole:  # first fit, largest first
         for i, r in enumerate(room):
@@ -112,7 +116,8 @@ def main(argv=None):
     if len(names) != len(files):
         raise SystemExit("two versions of one distribution in %s: remove one" % src)
     cap = int(args.cap_mib * 1024 * 1024)
-    parts = pack(files, cap)
+    parts = pack(files, cap, first=("ansible_core-", "resolvelib-", "cryptography-", "cffi-",
+                                     "pycparser-"))
     for d in os.listdir(args.out):
         if d.startswith("part"):
             shutil.rmtree(os.path.join(args.out, d))

@@ -172,3 +172,187 @@ def test_bad_levels_are_argument_errors(server):
     res, _ = run_module({"base_url": server["base"], "model": "tiny", "levels": [1, 0, -2]})
     assert res["failed"] is True
     assert "levels must be positive integers, got [0, -2]" in res["msg"]
+
+
+# --- the vllm_benchmark role: delegation, write-back, check/diff mode, reports, compare ----
+
+PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def dead_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def play(ws, extra=None, check=False, diff=False):
+    """ansible-playbook of the role for host 'gpu'; returns (rc, output, recap dict of gpu)."""
+    evars = dict(ws["vars"], **(extra or {}))
+    path = ws["tmp"] / "vars.json"
+    path.write_text(json.dumps(evars))
+    cmd = [PLAYBOOK, "-i", str(ws["inv"] / "hosts.yml"), str(ws["tmp"] / "play.yml"),
+           "-e", "@%s" % path]
+    if check:
+        cmd.append("--check")
+    if diff:
+        cmd.append("--diff")
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    text = out.stdout + out.stderr
+    recap = {}
+    for line in text.splitlines():
+        if line.startswith("gpu ") and "ok=" in line:
+            recap = dict(kv.split("=") for kv in line.split(":", 1)[1].split())
+    return out.returncode, text, recap
+
+
+def report_runs(ws):
+    base = ws["tmp"] / "reports" / "gpu"
+    return sorted(base.iterdir()) if base.is_dir() else []
+
+
+def assert_png(path):
+    from PIL import Image
+    with open(str(path), "rb") as f:
+        assert f.read(8) == PNG_MAGIC
+    with Image.open(str(path)) as im:
+        im.load()
+        assert im.size == (800, 500)
+        assert len(im.convert("RGB").getcolors(maxcolors=1 << 20)) > 10
+
+
+@pytest.fixture(scope="module")
+def workspace(server):
+    """An inventory where 'gpu' is unreachable (any task not delegated fails) and the sweep
+    is delegated to 'loadgen' (this machine), which reaches the server."""
+    tmp = server["tmp"] / "role"
+    (tmp / "inv").mkdir(parents=True)
+    (tmp / "logs").mkdir()
+    (tmp / "inv" / "hosts.yml").write_text(json.dumps({"all": {"hosts": {
+        "gpu": {"ansible_host": "127.0.0.1", "ansible_port": dead_port(),
+                "ansible_connection": "ssh"},
+        "loadgen": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
+    }}}))
+    (tmp / "play.yml").write_text(
+        "- name: Benchmark\n  hosts: gpu\n  gather_facts: false\n"
+        "  roles:\n    - role: vllm_benchmark\n")
+    return {"tmp": tmp, "inv": tmp / "inv", "vars": {
+        "vllm_benchmark_url": server["base"], "vllm_benchmark_model": "tiny",
+        "vllm_benchmark_api_key": API_KEY, "vllm_benchmark_python": VLLM_PYTHON,
+        "vllm_benchmark_delegate_to": "loadgen", "vllm_benchmark_levels": [1, 2, 4, 8],
+        "vllm_benchmark_input_len": 32, "vllm_benchmark_output_len": 16,
+        "vllm_benchmark_duration_s": 2, "vllm_benchmark_stop_on_saturation": False,
+        "vllm_benchmark_report_root": str(tmp / "reports"),
+        "vllm_benchmark_request_log_dir": str(tmp / "logs"),
+    }}
+
+
+@pytest.fixture(scope="module")
+def role_runs(workspace):
+    """The role's life cycle, step by step; each step's outcome is checked by the tests."""
+    ws = workspace
+    results = ws["inv"] / "host_vars" / "gpu" / "vllm_benchmark.yml"
+    steps = {}
+    steps["check"] = play(ws, check=True) + (results.exists(), len(report_runs(ws)))
+    steps["first"] = play(ws)
+    first_bytes, first_mtime = results.read_bytes(), results.stat().st_mtime_ns
+    steps["again"] = play(ws) + (results.read_bytes() == first_bytes
+                                 and results.stat().st_mtime_ns == first_mtime,)
+    # forced, measuring in check mode with an SLO nothing meets: must stop after level 1
+    steps["check_diff"] = play(ws, {"vllm_benchmark_force": True,
+                                    "vllm_benchmark_sweep_in_check_mode": True,
+                                    "vllm_benchmark_slo_ttft_ms": 1,
+                                    "vllm_benchmark_stop_on_saturation": True},
+                               check=True, diff=True) + (
+        results.read_bytes() == first_bytes and results.stat().st_mtime_ns == first_mtime,
+        len(report_runs(ws)))
+    steps["second_config"] = play(ws, {"vllm_benchmark_output_len": 48,
+                                       "vllm_benchmark_levels": [1, 2, 4]})
+    return ws, results, steps
+
+
+def test_role_check_mode_writes_nothing(role_runs):
+    ws, results, steps = role_runs
+    rc, out, recap, existed, n_reports = steps["check"]
+    assert rc == 0, out[-3000:]
+    assert not existed and n_reports == 0
+    assert "a real run measures and writes %s" % results in " ".join(out.split())
+    assert recap["changed"] == "1"  # the notice that a sweep is due
+
+
+def test_role_delegated_sweep_writes_results_and_report(role_runs):
+    ws, results, steps = role_runs
+    rc, out, recap = steps["first"]
+    assert rc == 0, out[-3000:]
+    assert API_KEY not in out and API_KEY not in results.read_text()
+    stored = yaml_load(results)["vllm_benchmark_results"]
+    assert stored["provenance"]["load_generator"] == "loadgen"  # 'gpu' itself is unreachable
+    assert [lv["concurrency"] for lv in stored["levels"]] == [1, 2, 4, 8]
+    assert stored["stopped_early"] is False and stored["levels_not_run"] == []
+    assert "Sweep ended: ran all levels" in out
+    run = report_runs(ws)[0]
+    assert stored["provenance"]["report_dir"] == str(run)
+    sweep = json.loads((run / "sweep.json").read_text())
+    assert API_KEY not in (run / "sweep.json").read_text()
+    for lv in sweep["levels"]:
+        chk = lv["server_check"]
+        assert chk["client_output_tokens"] == chk["server_output_tokens"] > 0, chk
+        assert chk["client_prompt_tokens"] == chk["server_prompt_tokens"] > 0, chk
+        assert chk["client_output_tokens"] == 16 * lv["requests_total"]
+    rows = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
+    assert len(rows) == sum(lv["requests_total"] for lv in sweep["levels"])
+    assert sum(r["completion_tokens"] for r in rows) == sum(
+        lv["server_check"]["server_output_tokens"] for lv in sweep["levels"])
+    assert list((ws["tmp"] / "logs").iterdir()) == []  # fetched, then removed on loadgen
+    csv_lines = (run / "levels.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("concurrency,") and len(csv_lines) == 5
+    for png in ("throughput.png", "ttft.png", "tpot.png"):
+        assert_png(run / png)
+
+
+def test_role_second_run_changes_nothing(role_runs):
+    ws, results, steps = role_runs
+    rc, out, recap, unchanged = steps["again"]
+    assert rc == 0, out[-3000:]
+    assert recap["changed"] == "0" and unchanged
+    assert "stored result: configuration unchanged" in out
+
+
+def test_role_check_diff_measures_but_writes_nothing_and_says_why_it_stopped(role_runs):
+    ws, results, steps = role_runs
+    rc, out, recap, unchanged, n_reports = steps["check_diff"]
+    assert rc == 0, out[-3000:]
+    assert unchanged and n_reports == 1
+    assert "Stopped early, levels [2, 4, 8] not run: stopped after concurrency 1: SLO broken" \
+        in " ".join(out.split())
+    assert "+    stop_reason: 'stopped after concurrency 1: SLO broken" in out  # the diff
+    assert list((ws["tmp"] / "logs").iterdir()) == []
+
+
+def test_compare_two_saved_runs(role_runs):
+    ws, results, steps = role_runs
+    rc, out, recap = steps["second_config"]
+    assert rc == 0, out[-3000:]
+    runs = report_runs(ws)
+    assert len(runs) == 2
+    assert yaml_load(results)["vllm_benchmark_results"]["parameters"]["output_len"] == 48
+    cmp_dir = ws["tmp"] / "compare"
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "sweep_report.py"),
+                          "compare", str(runs[0]), str(runs[1]), "--out", str(cmp_dir),
+                          "--label", "out16", "--label", "out48"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "[1] out16: in/out 32/16 tokens" in res.stdout
+    assert "[2] out48: in/out 32/48 tokens" in res.stdout
+    body = [line for line in res.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert [int(line.split("|")[0]) for line in body] == [1, 2, 4, 8]
+    assert body[3].split("|")[2].split()[0] == "-"  # out48 did not run concurrency 8
+    for png in ("throughput.png", "ttft.png", "tpot.png"):
+        assert_png(cmp_dir / png)
+
+
+def yaml_load(path):
+    import yaml
+    with open(str(path)) as f:
+        return yaml.safe_load(f)

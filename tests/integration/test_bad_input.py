@@ -1,0 +1,127 @@
+"""Bad input is refused by the first play, before any role touches a host.
+
+Runs the real playbooks/deploy.yml with ansible-playbook. The hosts use the local
+connection (or an address where nothing listens), so a refusal that came too late would
+show up as a changed task or a created file; every case checks the message names the
+variable and that no converge task ran.
+"""
+import fcntl
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.dirname(sys.executable)
+PLAYBOOK = os.path.join(ROOT, "playbooks", "deploy.yml")
+
+GOOD = {
+    "vllm_install_cpu_version": "0.32.0",
+    "model_weights_source": "local",
+    "model_weights_local_dir": os.path.join(ROOT, "tests", "fixtures", "tiny-model-config"),
+    "model_weights_name": "tiny",
+    "vllm_service_profile": "cpu-tiny",
+    "vllm_service_port": 8999,
+}
+
+
+def run_deploy(tmp_path, hostvars, group_vars=None):
+    inv = {"all": {"children": {"vllm_hosts": {"hosts": {"badhost": hostvars},
+                                               "vars": dict(GOOD, **(group_vars or {}))}}}}
+    path = tmp_path / "hosts.yml"
+    path.write_text(yaml.safe_dump(inv))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
+               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    out = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", str(path), PLAYBOOK],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return out.returncode, out.stdout + out.stderr
+
+
+LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+
+
+def assert_refused_before_converge(rc, output):
+    assert rc != 0, output
+    assert "PLAY [Validate the deployment]" in output
+    converge = output.partition("PLAY [Converge vLLM hosts]")[2]
+    assert "TASK [" not in converge, "a converge task ran:\n" + output
+    assert "changed=0" in output or "unreachable=1" in output
+
+
+@pytest.fixture(autouse=True)
+def model_config_dir():
+    # A model directory on the controller is part of the good input.
+    d = os.path.join(ROOT, "tests", "fixtures", "tiny-model-config")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        f.write('{"architectures": ["LlamaForCausalLM"]}\n')
+    yield
+
+
+def test_two_vllm_sources_are_refused_with_both_named(tmp_path):
+    rc, out = run_deploy(tmp_path, LOCAL, {"vllm_install_pypi_version": "0.25.0"})
+    assert_refused_before_converge(rc, out)
+    assert "set now: vllm_install_pypi_version, vllm_install_cpu_version" in out or \
+        "set now: vllm_install_cpu_version, vllm_install_pypi_version" in out
+
+
+def test_no_vllm_source_is_refused(tmp_path):
+    rc, out = run_deploy(tmp_path, LOCAL, {"vllm_install_cpu_version": ""})
+    assert_refused_before_converge(rc, out)
+    assert "set now: none" in out
+
+
+def test_short_commit_is_refused(tmp_path):
+    rc, out = run_deploy(tmp_path, LOCAL, {"vllm_install_cpu_version": "",
+                                           "vllm_install_commit": "739e5945d"})
+    assert_refused_before_converge(rc, out)
+    assert "vllm_install_commit must be a full 40-hex" in out
+    assert "9 characters" in out
+
+
+def test_unknown_profile_lists_the_known_ones(tmp_path):
+    rc, out = run_deploy(tmp_path, LOCAL, {"vllm_service_profile": "no-such-model"})
+    assert_refused_before_converge(rc, out)
+    assert "unknown vllm_service_profile" in out.lower().replace(" profile", "_profile")
+    assert "minimax-m2.5-tp4" in out and "cpu-tiny" in out
+
+
+def test_non_positive_sweep_levels_are_refused(tmp_path):
+    rc, out = run_deploy(tmp_path, LOCAL, {"vllm_benchmark_levels": [1, 0, 4]})
+    assert_refused_before_converge(rc, out)
+    assert "vllm_benchmark_levels must be positive integers" in out
+
+
+def test_missing_model_directory_is_refused(tmp_path):
+    rc, out = run_deploy(tmp_path, LOCAL, {"model_weights_local_dir": str(tmp_path / "nope")})
+    assert_refused_before_converge(rc, out)
+    assert "model_weights_local_dir" in out
+
+
+def test_missing_ssh_key_is_named(tmp_path):
+    key = str(tmp_path / "no-such-key")
+    rc, out = run_deploy(tmp_path, {"ansible_host": "127.0.0.1", "ansible_port": 1,
+                                    "ansible_ssh_private_key_file": key})
+    assert_refused_before_converge(rc, out)
+    assert "ansible_ssh_private_key_file=%s" % key in out
+    assert "does not exist on the controller" in out
+
+
+def test_unreachable_host_stops_before_converge(tmp_path):
+    rc, out = run_deploy(tmp_path, {"ansible_host": "127.0.0.1", "ansible_port": 1,
+                                    "ansible_ssh_common_args": "-o ConnectTimeout=3"})
+    assert_refused_before_converge(rc, out)
+    assert "UNREACHABLE" in out
+
+
+def test_second_demo_is_refused_while_one_runs(tmp_path):
+    env = dict(os.environ, VD_CACHE_DIR=str(tmp_path))
+    lock_path = tmp_path / "demo.lock"
+    with open(lock_path, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "demo.py")],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "another demo is already running" in out.stderr

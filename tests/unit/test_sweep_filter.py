@@ -1,0 +1,44 @@
+"""plugins/filter/sweep.py: the compact per-level view kept in host_vars."""
+import importlib.util
+import os
+
+from ansible.module_utils.sweep_metrics import Record, summarize_level
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_spec = importlib.util.spec_from_file_location(
+    "sweep_filter", os.path.join(ROOT, "plugins", "filter", "sweep.py"))
+flt = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(flt)
+
+
+def level(fail=False, short=False, slo=None):
+    recs = []
+    for i in range(4):
+        n = 7 if (short and i == 2) else 8
+        recs.append(Record(level=2, start=float(i), end=i + 1.0, chunk_times=[i + 0.2, i + 1.0],
+                           completion_tokens=n, prompt_tokens=4, expected_tokens=8))
+    if fail:
+        recs[-1].error = "timeout"
+    return summarize_level(recs, 2, 0.5, 4.0, 8, slo=slo)
+
+
+def test_compact_keeps_figures_and_drops_bulk():
+    out = flt.vllm_sweep_compact(dict(level(), saturation_signal=None))
+    assert out["concurrency"] == 2 and out["requests_ok"] == 4
+    assert out["ttft_ms"] == {"mean": 200.0, "p50": 200.0, "p90": 200.0, "p99": 200.0}
+    assert out["flags"] == []
+    assert "errors" not in out and "output_length" not in out and "goodput" not in out
+    assert "saturation_signal" not in out
+
+
+def test_compact_flags_and_saturation_signal():
+    s = level(fail=True, short=True, slo={"ttft_ms": 100})
+    s["client"] = {"client_limited": True}
+    s["server_check"] = {"match": False}
+    s["saturation_signal"] = "errors at concurrency 2: 1 failed requests"
+    out = flt.vllm_sweep_compact(s)
+    assert out["flags"] == ["errors", "length-miss", "client-limited", "slo-broken",
+                            "server-count-diff"]
+    assert out["saturation_signal"].startswith("errors at concurrency 2")
+    assert out["goodput"]["request_s"] == 0.0  # TTFT 200 ms > SLO 100 ms
+    assert flt.FilterModule().filters()["vllm_sweep_compact"] is flt.vllm_sweep_compact
