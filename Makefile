@@ -14,6 +14,7 @@ $(BIN)/.installed: requirements/tools.txt
 	  || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -r requirements/tools.txt
+	$(BIN)/pip install -q --no-deps -e .
 	@touch $@
 
 setup: $(BIN)/.installed
@@ -28,14 +29,14 @@ unit: setup
 	$(BIN)/python -m pytest tests/unit -q
 
 lint: setup
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ansible-lint -p production
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ansible-lint
 
 molecule: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python scripts/run_molecule.py
 
 test: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest tests/unit -q
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ansible-lint -p production
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/ansible-lint
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python scripts/run_molecule.py
 
 clean:

@@ -38,7 +38,7 @@ def _host_results(collector: EventCollector) -> Dict[str, HostResult]:
             endpoint=endpoint, endpoints=endpoints,
             ready=bool(endpoints),
             sweep=SweepSummary.from_fact(host, facts.get("vllm_benchmark_results")),
-            facts=facts)
+            facts={k: v for k, v in facts.items() if not k.startswith("_")})
     return out
 
 

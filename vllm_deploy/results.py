@@ -6,11 +6,15 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 
+def _fields(obj):
+    return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+
+
 def _plain(obj):
-    if isinstance(obj, _ToDict) and type(obj).to_dict is not _ToDict.to_dict:
+    if isinstance(obj, _ToDict):
         return obj.to_dict()
     if dataclasses.is_dataclass(obj):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return _fields(obj)
     if isinstance(obj, dict):
         return {str(k): _plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -20,7 +24,7 @@ def _plain(obj):
 
 class _ToDict:
     def to_dict(self) -> Dict[str, Any]:
-        return _plain(self)
+        return _fields(self)
 
 
 def _num(value, kind=float):
@@ -266,6 +270,11 @@ class RunResult(_ToDict):
     @property
     def failed_hosts(self) -> List[str]:
         return sorted({f.host for f in self.failures})
+
+    def to_dict(self) -> Dict[str, Any]:
+        out = {"ok": self.ok, "failed_hosts": self.failed_hosts}
+        out.update(_fields(self))
+        return out
 
 
 @dataclass

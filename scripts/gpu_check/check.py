@@ -71,12 +71,12 @@ def join_wheels(args):
 
 # ------------------------------------------------------------------------------------- facts
 def _adhoc_result(path):
-    """The module result from `ansible ... -m X` run with the ansible.builtin.json callback."""
+    """The module result written by `ansible ... -m X --tree DIR` (DIR/<host>)."""
     with open(path) as f:
-        text = f.read()
-    doc = json.loads(text[text.index("{"):])
-    hosts = doc["plays"][0]["tasks"][0]["hosts"]
-    return next(iter(hosts.values()))
+        doc = json.load(f)
+    if "plays" in doc:  # the same from the ansible.posix.json callback
+        doc = next(iter(doc["plays"][0]["tasks"][0]["hosts"].values()))
+    return doc
 
 
 def _smi_query(path):
@@ -109,6 +109,7 @@ def facts_compare(args):
         checks.append({"what": what, "gpu_facts": ours, "nvidia_smi": theirs,
                        "match": ours == theirs})
 
+    check("GPU present", facts["present"], True)
     check("GPU count", facts["count"], len(rows))
     check("driver version", facts["driver_version"], smi_driver)
     check("CUDA version", facts["cuda_version"], smi_cuda)

@@ -1,0 +1,270 @@
+#!/usr/bin/env bash
+# The real-GPU check (issue 10), run ON the GPU machine from the repository root.
+#
+#   scripts/gpu_check/run.sh all [MACHINE_NAME]     everything below, in order
+#   scripts/gpu_check/run.sh stage N                copy build/gpu-wheels/partN into the wheelhouse
+#   scripts/gpu_check/run.sh facts [MACHINE_NAME]   raw nvidia-smi captures + gpu_facts via ansible
+#   scripts/gpu_check/run.sh install-serve          join wheels, install vLLM (--target, as the
+#                                                   wheelhouse notes do), start the dummy-weight
+#                                                   server, run the vllm_install role meanwhile,
+#                                                   then capacity plan vs vLLM's log
+#   scripts/gpu_check/run.sh sweep TAG LEVELS [ansible|ansible-only]  bench_sweep_vs_vllm.py
+#                                                   (ours vs `vllm bench serve`) at LEVELS; with
+#                                                   `ansible` first the vllm_sweep module through
+#                                                   ansible at LEVELS (`ansible-only`: only that)
+#   scripts/gpu_check/run.sh tp2-start              all-reduce smoke, then the server with TP=2
+#   scripts/gpu_check/run.sh stop                   stop the server
+#
+# The wheels come from scripts/gpu_check/stage_wheels.py (run where PyPI is reachable); the device
+# tool carries one build/gpu-wheels/partN per call. State lives in /tmp/gpu-check (survives between
+# back-to-back calls on the same machine); results go to $OUT (the device tool's folder) or
+# $GPU_CHECK_OUT. Environment knobs: GPU_CHECK_WHEELHOUSE (/tmp/wh), GPU_CHECK_PYTHON (python3,
+# the image's python that holds torch 2.11.0), GPU_CHECK_PORT (8000), GPU_CHECK_SERVE_WAIT (420),
+# GPU_CHECK_DURATION (8, seconds per level), GPU_CHECK_INPUT_LEN/OUTPUT_LEN (128/128).
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+ROOT=$PWD
+WH=${GPU_CHECK_WHEELHOUSE:-/tmp/wh}
+ST=/tmp/gpu-check
+OUTD=${OUT:-${GPU_CHECK_OUT:-$ST/out}}
+PY=$(command -v "${GPU_CHECK_PYTHON:-python3}")
+PORT=${GPU_CHECK_PORT:-8000}
+NAME=llama-0.9b-dummy
+MODEL=$ST/model
+ILEN=${GPU_CHECK_INPUT_LEN:-128}
+OLEN=${GPU_CHECK_OUTPUT_LEN:-128}
+DUR=${GPU_CHECK_DURATION:-8}
+export LC_ALL=C.UTF-8 PYTHONUNBUFFERED=1
+# the machine's own NCCL/TORCH/CUDA variables, read before this script sets any (fixture env-nccl.txt)
+MACHINE_ENV=$(env | grep -E '^(NCCL|TORCH|NVSHMEM|CUDA)_' | sort)
+# never NVLink multicast on these machines (see the device notes); harmless with one GPU
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+mkdir -p "$ST" "$OUTD"
+ANSIBLE_WHEELS="ansible_core- resolvelib- cryptography- cffi- pycparser-"
+
+log() { echo "[$(date +%H:%M:%S)] $*"; }
+
+ansible_env() {
+  export PATH=$ST/ans/bin:$PATH
+  export PYTHONPATH=$ST/ans${1:+:$1}
+  export ANSIBLE_CONFIG=$ROOT/ansible.cfg ANSIBLE_LIBRARY=$ROOT/plugins/modules \
+    ANSIBLE_MODULE_UTILS=$ROOT/plugins/module_utils ANSIBLE_ROLES_PATH=$ROOT/roles \
+    ANSIBLE_HOME=$ST/ansible-home ANSIBLE_LOCAL_TEMP=$ST/ansible-tmp
+}
+
+install_ansible() {
+  [ -x "$ST/ans/bin/ansible" ] && return 0
+  local w=() p
+  for p in $ANSIBLE_WHEELS; do w+=("$WH/$p"*.whl); done
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$ST/ans" "${w[@]}"
+}
+
+adhoc_json() { # adhoc_json OUTFILE MODULE ARGS_JSON INTERPRETER: the module's result as JSON
+  local tree=$ST/tree.$$ rc
+  rm -rf "$tree"
+  ansible localhost -i localhost, -c local -m "$2" -a "$3" --tree "$tree" \
+    -e ansible_python_interpreter="$4" >"$1.log" 2>&1
+  rc=$?
+  cp "$tree/localhost" "$1" 2>/dev/null || echo '{"failed": true, "msg": "no result"}' >"$1"
+  rm -rf "$tree"
+  return $rc
+}
+
+vllm_wheels() { # every wheel except vLLM's, ansible's and uv
+  local f skip p
+  for f in "$WH"/*.whl; do
+    skip=0
+    for p in $ANSIBLE_WHEELS uv- vllm-; do case ${f##*/} in "$p"*) skip=1 ;; esac; done
+    [ $skip = 0 ] && echo "$f"
+  done
+}
+
+wait_health() { # wait_health SECONDS
+  "$PY" - "$PORT" "$1" "$ST/serve.pid" <<'EOF'
+import os, sys, time, urllib.request
+port, limit, pidf = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+pid = int(open(pidf).read())
+t0 = time.time()
+while time.time() - t0 < limit:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        print("server process %d exited" % pid); sys.exit(1)
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=5) as r:
+            if r.status == 200:
+                print("healthy after %.0f s of waiting" % (time.time() - t0)); sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(2)
+print("not healthy after %.0f s" % limit); sys.exit(2)
+EOF
+}
+
+start_server() { # start_server LOG [extra vLLM args...]
+  local logf=$1; shift
+  date +%s >"$ST/serve.start"
+  setsid nohup env PYTHONPATH="$ST/vsite" "$PY" -m vllm.entrypoints.openai.api_server \
+    --model "$MODEL" --served-model-name "$NAME" --load-format dummy \
+    --host 127.0.0.1 --port "$PORT" --max-model-len 4096 --gpu-memory-utilization 0.9 \
+    "$@" >"$logf" 2>&1 </dev/null &
+  echo $! >"$ST/serve.pid"
+  log "server pid $(cat "$ST/serve.pid"), log $logf, args: $*"
+}
+
+stop_server() {
+  [ -f "$ST/serve.pid" ] || return 0
+  local pid; pid=$(cat "$ST/serve.pid")
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
+  for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  kill -KILL -- "-$pid" 2>/dev/null
+  rm -f "$ST/serve.pid"
+}
+
+step_stage() {
+  mkdir -p "$WH" && cp "build/gpu-wheels/part$1/"* "$WH/" && echo "part$1 copied: $(ls "$WH" | wc -l) files, $(du -sh "$WH" | cut -f1) in $WH"
+}
+
+step_facts() {
+  local mach=${1:-h200}
+  {
+    "$PY" -c "import sys, torch; print('python', sys.version.split()[0], sys.executable); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count())"
+    echo "nproc $(nproc)"; free -g | head -2; uname -r; nvidia-smi -L
+  } >"$OUTD/env.txt" 2>&1
+  cat "$OUTD/env.txt"
+  rm -rf "$ST/capture"
+  sh tests/fixtures/nvidia-smi/capture.sh "$mach" "$ST/capture"
+  "$PY" -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version(), torch.cuda.device_count(), [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())], torch.cuda.mem_get_info(0))" >"$ST/capture/$mach/torch.txt" 2>&1
+  printf '%s\n' "$MACHINE_ENV" >"$ST/capture/$mach/env-nccl.txt"
+  install_ansible || { echo "ansible install failed"; return 1; }
+  ( ansible_env
+    adhoc_json "$ST/gpu_facts.json" ansible.legacy.gpu_facts '{"nccl_profile": "latency"}' "$PY"
+    echo "ansible rc=$?" )
+  "$PY" scripts/gpu_check/check.py facts-compare "$ST/gpu_facts.json" "$ST/capture/$mach" \
+    --json-out "$ST/facts-compare.json" | tee "$OUTD/facts-compare.txt"
+  cp "$ST/gpu_facts.json" "$ST/gpu_facts.json.log" "$ST/facts-compare.json" "$ST/capture/" 2>/dev/null
+  tar -C "$ST" -czf "$OUTD/facts.tar.gz" capture
+}
+
+step_install_serve() {
+  "$PY" scripts/gpu_check/check.py join-wheels "$WH" | tee "$OUTD/install.txt" || return 1
+  local t0=$SECONDS
+  mapfile -t wheels < <(vllm_wheels)
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$ST/vsite" \
+    "${wheels[@]}" "$WH"/vllm-*.whl 2>&1 | tail -5
+  log "pip --target install: $((SECONDS - t0)) s" | tee -a "$OUTD/install.txt"
+  PYTHONPATH=$ST/vsite "$PY" -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -3 | tee -a "$OUTD/install.txt"
+  "$PY" scripts/gpu_check/check.py make-model "$MODEL" | tee -a "$OUTD/install.txt"
+  start_server "$ST/serve-tp1.log"
+
+  # meanwhile: the vllm_install role (wheelhouse source) into its own venv
+  local torchsite base
+  torchsite=$("$PY" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
+  base=$("$PY" -c "import sys; print(getattr(sys, '_base_executable', sys.executable))")
+  "$PY" - "$ST/role-vars.json" "$WH" "$ST/role" "$base" "$PY" "${wheels[@]}" <<'EOF'
+import json, sys
+out, wh, root, py, ctl, wheels = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:]
+json.dump({"gpu_check_wheelhouse": wh, "gpu_check_root": root, "gpu_check_python": py,
+           "gpu_check_controller_python": ctl, "gpu_check_wheels": wheels}, open(out, "w"))
+EOF
+  ( ansible_env "$torchsite"
+    # the role bootstraps uv with plain `pip install uv==...`: point pip at the wheelhouse
+    export PIP_NO_INDEX=1 PIP_FIND_LINKS=$WH
+    t1=$SECONDS
+    ansible-playbook -i localhost, scripts/gpu_check/install.yml -e "@$ST/role-vars.json" \
+      >"$ST/role.log" 2>&1
+    echo "role rc=$? in $((SECONDS - t1)) s (PYTHONPATH for the venv: $torchsite)" >>"$ST/role.log" ) &
+  local role_pid=$!
+
+  wait_health "${GPU_CHECK_SERVE_WAIT:-420}" | tee -a "$OUTD/install.txt"
+  echo "server start to healthy: $(( $(date +%s) - $(cat "$ST/serve.start") )) s" | tee -a "$OUTD/install.txt"
+  wait "$role_pid"
+  tail -40 "$ST/role.log" >"$OUTD/role-tail.txt"
+  local mem
+  mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | tr -d ' ')
+  "$PY" scripts/gpu_check/check.py capacity "$MODEL" "$ST/serve-tp1.log" --gpu-memory-mib "$mem" \
+    --json-out "$ST/capacity-tp1.json" | tee "$OUTD/capacity.txt"
+  cp "$MODEL/config.json" "$ST/model-config.json"
+  tar -C "$ST" -czf "$OUTD/install.tar.gz" serve-tp1.log role.log role-vars.json \
+    capacity-tp1.json model-config.json $(cd "$ST" && ls role/role-result.json role/venvs/*/vllm-deploy.json 2>/dev/null)
+}
+
+step_sweep() { # step_sweep TAG LEVELS [ansible]
+  local tag=$1 levels=$2
+  export PYTHONPATH=$ST/vsite
+  if [ "${3:-}" = ansible ] || [ "${3:-}" = ansible-only ]; then
+    local lv t0=$SECONDS
+    lv="[${levels}]"
+    ( ansible_env "$ST/vsite"
+      adhoc_json "$ST/sweep-ansible-$tag.json" ansible.legacy.vllm_sweep \
+        "{\"base_url\": \"http://127.0.0.1:$PORT\", \"model\": \"$NAME\", \"levels\": $lv, \"input_len\": $ILEN, \"output_len\": $OLEN, \"duration_s\": $DUR, \"stop_on_saturation\": false, \"vocab_size\": 2048}" \
+        "$PY"
+      echo "ansible vllm_sweep rc=$?" )
+    log "ansible sweep took $((SECONDS - t0)) s"
+    "$PY" - "$ST/sweep-ansible-$tag.json" <<'EOF' | tee "$OUTD/sweep-ansible-$tag.txt"
+import json, sys
+r = json.load(open(sys.argv[1]))
+if r.get("failed"):
+    print("FAILED:", r.get("msg")); sys.exit(1)
+for lv in r["sweep"]["levels"] if "sweep" in r else r["ansible_facts"]["vllm_sweep"]["levels"]:
+    sc, cl = lv["server_check"], lv["client"]
+    print("C=%-4d %9.1f tok/s  TTFT p50 %8.2f ms  TPOT p50 %7.3f ms  tokens %d/%d server  cpu %.1f ms/1k  limited=%s"
+          % (lv["concurrency"], lv["output_tok_s"], lv["ttft_ms"]["p50"], lv["tpot_ms"]["p50"],
+             sc["client_output_tokens"], sc["server_output_tokens"],
+             cl["cpu_ms_per_1k_output_tokens"], cl["client_limited"]))
+EOF
+  fi
+  [ "${3:-}" = ansible-only ] && { tar -C "$ST" -czf "$OUTD/sweep-$tag.tar.gz" "sweep-ansible-$tag.json" "sweep-ansible-$tag.json.log"; return; }
+  GPU_CHECK_VOCAB=2048 timeout "${GPU_CHECK_BENCH_TIMEOUT:-560}" "$PY" scripts/gpu_check/bench_vocab.py --vllm-python "$PY" \
+    --model-dir "$MODEL" --model "$NAME" --base-url "http://127.0.0.1:$PORT" --levels "$levels" \
+    --input-len "$ILEN" --output-len "$OLEN" --duration-s "$DUR" \
+    --json-out "$ST/bench-$tag.json" 2>&1 | tee "$OUTD/bench-$tag.txt"
+  cp /tmp/bench-sweep-*/children.log "$ST/bench-children-$tag.log" 2>/dev/null
+  tar -C "$ST" -czf "$OUTD/sweep-$tag.tar.gz" $(cd "$ST" && ls "bench-$tag.json" "sweep-ansible-$tag.json" "sweep-ansible-$tag.json.log" "bench-children-$tag.log" 2>/dev/null)
+}
+
+step_tp2_start() {
+  stop_server
+  ( ansible_env
+    adhoc_json "$ST/gpu_facts-tp2.json" ansible.legacy.gpu_facts '{"nccl_profile": "latency", "tensor_parallel": 2}' "$PY" )
+  local envline
+  envline=$("$PY" - "$ST/gpu_facts-tp2.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+env = (r["ansible_facts"]["gpu_facts"].get("nccl") or {}).get("env") or {}
+print(" ".join("%s=%s" % kv for kv in sorted(env.items())))
+EOF
+)
+  echo "derived env: $envline" | tee "$OUTD/tp2.txt"
+  env $envline NCCL_DEBUG=INFO "$PY" roles/gpu_host/files/allreduce_smoke.py --timeout 120 \
+    >"$ST/smoke-tp2.txt" 2>&1
+  echo "smoke rc=$?: $(tail -1 "$ST/smoke-tp2.txt")" | tee -a "$OUTD/tp2.txt"
+  tail -1 "$ST/smoke-tp2.txt" | grep -q '"passed": true' || return 1
+  # shellcheck disable=SC2086
+  export $envline
+  start_server "$ST/serve-tp2.log" --tensor-parallel-size 2
+  wait_health "${GPU_CHECK_SERVE_WAIT:-420}" | tee -a "$OUTD/tp2.txt"
+  local mem
+  mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | tr -d ' ')
+  "$PY" scripts/gpu_check/check.py capacity "$MODEL" "$ST/serve-tp2.log" --gpu-memory-mib "$mem" \
+    --tensor-parallel 2 --json-out "$ST/capacity-tp2.json" | tee -a "$OUTD/tp2.txt"
+  tar -C "$ST" -czf "$OUTD/tp2.tar.gz" serve-tp2.log smoke-tp2.txt gpu_facts-tp2.json capacity-tp2.json
+}
+
+case ${1:-} in
+  stage) step_stage "$2" ;;
+  facts) step_facts "${2:-h200}" ;;
+  install-serve) step_install_serve ;;
+  sweep) step_sweep "$2" "$3" "${4:-}" ;;
+  tp2-start) step_tp2_start ;;
+  stop) stop_server ;;
+  all)
+    step_facts "${2:-h200}"
+    step_install_serve
+    step_sweep tp1 1,2,4,8,16,32,64,128 ansible
+    if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+      step_tp2_start && step_sweep tp2 1,2,4,8,16,32,64,128 ansible
+    fi
+    stop_server ;;
+  *) sed -n '2,24p' "$0"; exit 2 ;;
+esac

