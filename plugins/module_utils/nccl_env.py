@@ -197,19 +197,24 @@ PARALLEL_NAMES = ("tensor_parallel", "pipeline_parallel", "data_parallel")
 
 def preflight(facts, cuda_version=None, tensor_parallel=1, pipeline_parallel=1, data_parallel=1,
               host="this host", cuda_var="gpu_host_cuda_version", require_gpu=True,
-              parallel_names=PARALLEL_NAMES, profile_var="the profile"):
+              parallel_names=PARALLEL_NAMES, profile_var="the profile", profile_name=None):
     """All GPU host checks on gpu_facts (see gpu_facts module). Returns a list of messages.
 
     cuda_var, parallel_names (tp, pp, dp) and profile_var are the variable names the messages
-    tell the user to change (a role passes its own, e.g. gpu_host_tensor_parallel).
+    tell the user to change (a role passes its own, e.g. gpu_host_tensor_parallel);
+    profile_name is the chosen profile's name, quoted in the no-GPU message.
     """
     if not facts.get("present"):
         if require_gpu:
+            if profile_name:
+                subject = "%s %s" % (profile_var, profile_name)
+                advice = "set %s to a CPU profile for %s" % (profile_var, host)
+            else:
+                subject, advice = profile_var, "use a CPU profile for %s" % host
             return ["%s has no NVIDIA GPU (gpu_facts.present is false: %s) but %s needs "
-                    "%d GPU(s): choose a CPU profile in %s for %s, or install the driver"
+                    "%d GPU(s): %s, or install the driver"
                     % (host, facts.get("nvidia_smi_error") or "nvidia-smi listed no GPU",
-                       profile_var, tensor_parallel * pipeline_parallel * data_parallel,
-                       profile_var, host)]
+                       subject, tensor_parallel * pipeline_parallel * data_parallel, advice)]
         return []
     errors = []
     if cuda_version:

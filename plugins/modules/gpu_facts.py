@@ -68,6 +68,9 @@ options:
         its own variables, e.g. C(gpu_host_tensor_parallel)). Missing keys keep the option name.
     type: dict
     default: {}
+  profile_name:
+    description: Name of the model profile, quoted in the no-GPU preflight message.
+    type: str
 notes:
   - Preflight problems are returned in C(gpu_facts.preflight_errors), not raised; the caller fails.
 author:
@@ -202,6 +205,7 @@ def main():
             require_gpu=dict(type="bool", default=False),
             host_name=dict(type="str"),
             variable_names=dict(type="dict", default={}),
+            profile_name=dict(type="str"),
         ),
         supports_check_mode=True,
     )
@@ -239,7 +243,7 @@ def main():
         cuda_var=names["cuda_version"], require_gpu=p["require_gpu"],
         parallel_names=(names["tensor_parallel"], names["pipeline_parallel"],
                         names["data_parallel"]),
-        profile_var=names["profile"])
+        profile_var=names["profile"], profile_name=p["profile_name"])
     module.exit_json(changed=False, ansible_facts={"gpu_facts": facts})
 
 

@@ -365,7 +365,7 @@ def test_module_documentation_is_valid_yaml():
     assert set(doc["options"]) == {"nvidia_smi", "gpus", "nccl_profile", "nccl_overrides",
                                    "cuda_version", "tensor_parallel", "pipeline_parallel",
                                    "data_parallel", "require_gpu", "host_name",
-                                   "variable_names"}
+                                   "variable_names", "profile_name"}
     assert yaml.safe_load(gpu_facts.EXAMPLES)[0]["ansible.legacy.gpu_facts"]["tensor_parallel"] == 2
     assert "gpu_facts" in yaml.safe_load(gpu_facts.RETURN)["ansible_facts"]["contains"]
 

@@ -165,15 +165,15 @@ def test_preflight_no_gpu():
     none = {"present": False, "count": 0, "gpus": []}
     errors = ne.preflight(none, "13.0", tensor_parallel=2, host="cpu-demo")
     assert errors == ["cpu-demo has no NVIDIA GPU (gpu_facts.present is false: nvidia-smi "
-                      "listed no GPU) but the profile needs 2 GPU(s): choose a CPU profile in "
-                      "the profile for cpu-demo, or install the driver"]
+                      "listed no GPU) but the profile needs 2 GPU(s): use a CPU profile for "
+                      "cpu-demo, or install the driver"]
     assert ne.preflight(none, "13.0", require_gpu=False) == []
     none["nvidia_smi_error"] = "nvidia-smi not found"
     errors = ne.preflight(none, None, tensor_parallel=4, host="vd-1",
-                          profile_var="vllm_service_profile=minimax-m2.5-tp4")
-    assert errors[0].startswith("vd-1 has no NVIDIA GPU (gpu_facts.present is false: "
-                                "nvidia-smi not found) but vllm_service_profile=minimax-m2.5-tp4 "
-                                "needs 4 GPU(s)")
+                          profile_var="vllm_service_profile", profile_name="minimax-m2.5-tp4")
+    assert errors == ["vd-1 has no NVIDIA GPU (gpu_facts.present is false: nvidia-smi not "
+                      "found) but vllm_service_profile minimax-m2.5-tp4 needs 4 GPU(s): set "
+                      "vllm_service_profile to a CPU profile for vd-1, or install the driver"]
 
 
 def test_preflight_names_the_callers_variables():
