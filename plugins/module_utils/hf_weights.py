@@ -303,6 +303,27 @@ def read_manifest(path):
     return data
 
 
+def request_from_manifest(manifest, where):
+    """The request a manifest records, in the module's parameter form (overrides as
+    {file, set|delete, value, create}), for an offline check of files against their own
+    manifest (weights on shared storage or copied from another host)."""
+    if manifest is None:
+        raise HfWeightsError("no readable manifest at %s: cannot verify offline" % where)
+    for key in ("repo_id", "sha"):
+        if not isinstance(manifest.get(key), str) or not manifest[key]:
+            raise HfWeightsError("manifest %s has no %s" % (where, key))
+    overrides = []
+    for o in manifest.get("overrides") or []:
+        item = {"file": o["file"], o["op"]: list(o["path"])}
+        if o["op"] == "set":
+            item["value"] = o["value"]
+            item["create"] = bool(o.get("create", False))
+        overrides.append(item)
+    return {"repo_id": manifest["repo_id"], "revision": manifest["sha"],
+            "allow_patterns": manifest.get("allow_patterns"),
+            "ignore_patterns": manifest.get("ignore_patterns"), "overrides": overrides}
+
+
 def write_json_atomic(path, data):
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

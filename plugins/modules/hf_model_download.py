@@ -29,13 +29,15 @@ description:
     the same directory is refused.
 options:
   repo_id:
-    description: Model repo id (org/name).
+    description:
+      - Model repo id (org/name). Required unless I(offline=true), where leaving out both
+        I(repo_id) and I(revision) verifies the files against the manifest's own request.
     type: str
-    required: true
   revision:
-    description: Commit sha (recommended), branch or tag. A branch or tag is resolved to a sha.
+    description:
+      - Commit sha (recommended), branch or tag. A branch or tag is resolved to a sha.
+        Required unless I(offline=true) (see I(repo_id)).
     type: str
-    required: true
   local_dir:
     description: Absolute target directory.
     type: path
@@ -206,7 +208,7 @@ from ansible.module_utils.hf_weights import (
     HfWeightsError, build_manifest, bytes_missing, disk_preflight, file_complete, free_bytes,
     incomplete_bytes, remove_incomplete,
     is_commit_sha, manifest_matches, normalize_overrides, normalize_patterns, plan_overrides,
-    progress_bytes, read_manifest, select_files, utc_now, verify_local_dir,
+    progress_bytes, read_manifest, request_from_manifest, select_files, utc_now, verify_local_dir,
     write_json_atomic, write_overrides)
 
 PROGRESS_FILE = ".download-progress.json"
@@ -432,8 +434,8 @@ def run_download(params, request, sha, expected, env):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            repo_id=dict(type="str", required=True),
-            revision=dict(type="str", required=True),
+            repo_id=dict(type="str"),
+            revision=dict(type="str"),
             local_dir=dict(type="path", required=True),
             allow_patterns=dict(type="list", elements="str"),
             ignore_patterns=dict(type="list", elements="str"),
@@ -449,6 +451,8 @@ def main():
             offline=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
+        required_if=[("offline", False, ("repo_id", "revision"))],
+        required_together=[("repo_id", "revision")],
     )
     p = module.params
     local_dir = p["local_dir"]
@@ -461,6 +465,16 @@ def main():
         module.fail_json(msg=msg, **result)
 
     # ---- assert: every input check before any network call or write
+    if p["offline"] and p["repo_id"] is None:
+        try:
+            req = request_from_manifest(read_manifest(os.path.join(local_dir, p["manifest"])),
+                                        os.path.join(local_dir, p["manifest"]))
+        except HfWeightsError as exc:
+            fail(str(exc), verified=False)
+        p.update(repo_id=req["repo_id"], revision=req["revision"],
+                 allow_patterns=req["allow_patterns"], ignore_patterns=req["ignore_patterns"],
+                 overrides=req["overrides"])
+        result["revision"] = req["revision"]
     if p["repo_id"].count("/") != 1 or not all(p["repo_id"].split("/")):
         fail("repo_id must be org/name, got %r" % p["repo_id"])
     if not os.path.isabs(local_dir):

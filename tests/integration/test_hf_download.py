@@ -206,6 +206,37 @@ def test_verify_noop_and_repair(hub, tmp_path):
     assert len(resolve_gets(hub, SHARDS[1])) == gets + 1
 
 
+def test_offline_verifies_against_the_manifest_without_network(hub, tmp_path):
+    """offline=true (the role's `path` source and fan-out copies): the manifest proves the
+    files or the module fails naming why; never a Hub call, never a write."""
+    dest = tmp_path / "w"
+    args = base_args(hub, dest, allow_patterns=["*.json", "*.safetensors"],
+                     overrides=KV_OVERRIDES)
+    assert run_module(args)["downloaded"]
+    before = len(requests_seen(hub))
+    closed = dict(args, endpoint="http://127.0.0.1:9", offline=True)  # nothing listens there
+    res = run_module(closed)
+    assert res.get("failed") is not True, res.get("msg")
+    assert res["changed"] is False and res["verified"] and res["sha"] == hub["sha"]
+    # without repo/revision: the manifest's own request, overrides included
+    own = {"local_dir": str(dest), "offline": True}
+    res = run_module(own)
+    assert res.get("failed") is not True, res.get("msg")
+    assert res["sha"] == hub["sha"] and res["verified"]
+    with open(str(dest / SHARDS[2]), "r+b") as f:
+        f.truncate(10)
+    res = run_module(own)
+    assert res["failed"]
+    assert ("offline verification of %s@%s in %s failed: %s missing or resized"
+            % (REPO, hub["sha"], dest, SHARDS[2])) in res["msg"], res["msg"]
+    res = run_module(dict(closed, revision="v1"))
+    assert res["failed"] and "revision changed" in res["msg"]
+    assert len(requests_seen(hub)) == before
+    assert os.path.getsize(str(dest / SHARDS[2])) == 10
+    res = run_module({"local_dir": str(tmp_path / "none"), "offline": True})
+    assert res["failed"] and "no readable manifest at %s" % (tmp_path / "none") in res["msg"]
+
+
 def test_check_mode_reports_plan_without_writing(hub, tmp_path):
     dest = tmp_path / "w"
     res = run_module(base_args(hub, dest), check=True)

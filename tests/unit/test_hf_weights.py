@@ -10,7 +10,8 @@ from ansible.module_utils.hf_weights import (
     bytes_missing, disk_preflight, existing_ancestor, file_complete, find_incomplete,
     free_bytes, git_blob_oid, human_bytes, incomplete_bytes, is_commit_sha, manifest_matches,
     normalize_overrides, normalize_patterns, path_selected, plan_overrides, progress_bytes,
-    read_download_metadata, read_manifest, remove_incomplete, select_files, verify_local_dir,
+    read_download_metadata, read_manifest, remove_incomplete, request_from_manifest,
+    select_files, verify_local_dir,
     write_json_atomic,
     write_overrides)
 
@@ -295,6 +296,35 @@ def test_manifest_detects_local_damage(tmp_path):
     os.remove(os.path.join(root, "model-00002-of-00002.safetensors"))
     assert manifest_matches(m, request(), root)[0] is False
     assert manifest_matches(None, request(), root) == (False, "no manifest")
+
+
+def test_request_from_manifest_round_trips_through_normalize(tmp_path):
+    """Offline verification of a copy against its own manifest (no repo/revision given)."""
+    root = str(tmp_path)
+    expected = downloaded(tmp_path, model_files())
+    given = [{"file": "config.json", "delete": "quantization_config.kv_cache_scheme"},
+             {"file": "config.json", "set": ["quantization_config", "quant_method"],
+              "value": "fp8"},
+             {"file": "config.json", "set": "note", "value": {"a": 1}, "create": True}]
+    req = request(revision="main", allow_patterns=["*.json", "*.safetensors"],
+                  overrides=normalize_overrides(given))
+    m = build_manifest(req, SHA, expected, False, [])
+    back = request_from_manifest(m, "M")
+    assert back["repo_id"] == req["repo_id"] and back["revision"] == SHA
+    assert back["allow_patterns"] == ["*.json", "*.safetensors"]
+    assert normalize_overrides(back["overrides"]) == m["overrides"]
+    again = dict(back, overrides=normalize_overrides(back["overrides"]), verify_hashes=False)
+    assert manifest_matches(m, again, root) == (True, "")
+    put(root, "model-00001-of-00002.safetensors", b"a" * 999)
+    assert manifest_matches(m, again, root) == \
+        (False, "model-00001-of-00002.safetensors missing or resized")
+
+
+def test_request_from_manifest_needs_a_manifest():
+    with pytest.raises(HfWeightsError, match="no readable manifest at /x/m.json"):
+        request_from_manifest(None, "/x/m.json")
+    with pytest.raises(HfWeightsError, match="manifest /x/m.json has no sha"):
+        request_from_manifest({"format": 1, "repo_id": "a/b"}, "/x/m.json")
 
 
 def test_read_manifest_ignores_garbage(tmp_path):
