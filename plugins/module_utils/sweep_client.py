@@ -252,7 +252,8 @@ class Sweep(object):
                                 ct = u.get("completion_tokens") or 0
                                 if ct > last_ct:
                                     rec.chunk_times.append(now)
-                                    rec.chunk_tokens.append(ct - last_ct)
+                                    if rec.chunk_tokens is not None:
+                                        rec.chunk_tokens.append(ct - last_ct)
                                     last_ct = ct
                             else:
                                 c = obj["choices"][0]

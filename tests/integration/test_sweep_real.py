@@ -8,6 +8,7 @@ The module runs through the real `ansible` CLI (next to this pytest's python).
 """
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -255,7 +256,7 @@ def role_runs(workspace):
     results = ws["inv"] / "host_vars" / "gpu" / "vllm_benchmark.yml"
     steps = {}
     steps["check"] = play(ws, check=True) + (results.exists(), len(report_runs(ws)))
-    steps["first"] = play(ws)
+    steps["first"] = play(ws) + (yaml_load(results),)
     first_bytes, first_mtime = results.read_bytes(), results.stat().st_mtime_ns
     steps["again"] = play(ws) + (results.read_bytes() == first_bytes
                                  and results.stat().st_mtime_ns == first_mtime,)
@@ -283,10 +284,10 @@ def test_role_check_mode_writes_nothing(role_runs):
 
 def test_role_delegated_sweep_writes_results_and_report(role_runs):
     ws, results, steps = role_runs
-    rc, out, recap = steps["first"]
+    rc, out, recap, stored = steps["first"]
     assert rc == 0, out[-3000:]
-    assert API_KEY not in out and API_KEY not in results.read_text()
-    stored = yaml_load(results)["vllm_benchmark_results"]
+    assert API_KEY not in out and API_KEY not in json.dumps(stored)
+    stored = stored["vllm_benchmark_results"]
     assert stored["provenance"]["load_generator"] == "loadgen"  # 'gpu' itself is unreachable
     assert [lv["concurrency"] for lv in stored["levels"]] == [1, 2, 4, 8]
     assert stored["stopped_early"] is False and stored["levels_not_run"] == []
@@ -316,7 +317,7 @@ def test_role_second_run_changes_nothing(role_runs):
     rc, out, recap, unchanged = steps["again"]
     assert rc == 0, out[-3000:]
     assert recap["changed"] == "0" and unchanged
-    assert "stored result: configuration unchanged" in out
+    assert "stored result: configuration unchanged" in " ".join(out.split())
 
 
 def test_role_check_diff_measures_but_writes_nothing_and_says_why_it_stopped(role_runs):
@@ -326,7 +327,9 @@ def test_role_check_diff_measures_but_writes_nothing_and_says_why_it_stopped(rol
     assert unchanged and n_reports == 1
     assert "Stopped early, levels [2, 4, 8] not run: stopped after concurrency 1: SLO broken" \
         in " ".join(out.split())
-    assert "+    stop_reason: 'stopped after concurrency 1: SLO broken" in out  # the diff
+    # the diff of the results file that a real run would write
+    assert re.search(r"^\+\s+stop_reason: '?stopped after concurrency 1: SLO broken", out, re.M), \
+        out[-3000:]
     assert list((ws["tmp"] / "logs").iterdir()) == []
 
 
@@ -350,6 +353,17 @@ def test_compare_two_saved_runs(role_runs):
     assert body[3].split("|")[2].split()[0] == "-"  # out48 did not run concurrency 8
     for png in ("throughput.png", "ttft.png", "tpot.png"):
         assert_png(cmp_dir / png)
+    # the same through playbooks/compare.yml; a host's report directory means its newest run
+    play_dir = ws["tmp"] / "compare-play"
+    res = subprocess.run(
+        [PLAYBOOK, os.path.join(ROOT, "playbooks", "compare.yml"), "-e", json.dumps({
+            "vllm_compare_runs": [str(runs[0]), str(runs[1].parent)],
+            "vllm_compare_labels": ["out16", "newest"], "vllm_compare_out": str(play_dir)})],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:]
+    text = (play_dir / "compare.txt").read_text()
+    assert "[2] newest: in/out 32/48 tokens" in text
+    assert_png(play_dir / "throughput.png")
 
 
 def yaml_load(path):
