@@ -26,11 +26,11 @@ import copy
 import re
 
 try:
-    from ansible.module_utils.vllm_profile import (ProfileError, parse_flags, render_argv,
-                                                   validate_args, validate_env)
+    from ansible.module_utils.vllm_profile import (ProfileError, _check_secrets_in_args,
+                                                   parse_flags, render_argv, validate_env)
 except ImportError:  # loaded by path from a controller-side filter (plugins/filter/vllm_profile.py)
-    from _vllm_deploy_vllm_profile import (ProfileError, parse_flags, render_argv,  # noqa
-                                           validate_args, validate_env)
+    from _vllm_deploy_vllm_profile import (ProfileError, _check_secrets_in_args,  # noqa
+                                           parse_flags, render_argv, validate_env)
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 ENTRYPOINT = ["-m", "vllm.entrypoints.openai.api_server"]
@@ -100,6 +100,24 @@ def base_env(home):
 def _plain_argv(python, model_dir, name, host, port, args):
     return [python] + ENTRYPOINT + ["--model", model_dir, "--served-model-name", name,
                                     "--host", host, "--port", str(port)] + list(args)
+
+
+# Without a profile the user's args may set parallel sizes and limits; only what the role sets
+# itself and the secrets are refused.
+PLAIN_OWNED = ("--model", "--served-model-name", "--host", "--port", "--api-key", "--hf-token")
+
+
+def _validate_plain_args(args, where):
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ProfileError("%s must be a list of strings, got %r" % (where, args))
+    _check_secrets_in_args(args, where)
+    for flag, _value, _raw in parse_flags(args, where):
+        if flag in PLAIN_OWNED:
+            raise ProfileError("%s must not set %s (the role sets it; secrets go through the "
+                               "0600 environment file)" % (where, flag))
+    for a in args:
+        if "\n" in a or "\x00" in a:
+            raise ProfileError("%s item %r contains a newline or NUL" % (where, a))
 
 
 def _max_len_from_args(args):
@@ -189,7 +207,7 @@ def resolve_instances(instances, defaults, profiles, gpu_count=None, model_limit
                                    python=defaults["python"], served_model_name=served,
                                    extra_args=args)
             else:
-                validate_args(args, "%s: args" % label)
+                _validate_plain_args(args, "%s: args" % label)
                 argv = _plain_argv(defaults["python"], model_dir, served, inst["host"], port,
                                    args)
             env = base_env(defaults["home"])
