@@ -8,9 +8,22 @@ of its own (the harness hands out the SSH port; roles take the service port as a
 
     testhost.py rootfs                       build (or reuse) the cached rootfs
     testhost.py create NAME --port P         boot a host from a copy of the rootfs
+    testhost.py create NAME --port P --netns-address 10.213.0.2/24
+                                             ... in a network namespace of its own (below)
+    testhost.py renet NAME --netns-address A stop a running host and boot it again, same disk,
+                                             in its own network namespace
     testhost.py destroy PREFIX               stop and remove every host whose name starts with PREFIX
     testhost.py list                         show running hosts
     testhost.py inventory NAME... --out F    write an Ansible inventory for running hosts
+
+With --netns-address the host gets a network namespace of its own (named like the host)
+with one interface, eth0, holding that private address; its peer sits in a bridge on this
+machine (--bridge, default vdtest0) that holds --bridge-address. sshd then listens on the
+host's address and port, Ansible connects there, and hosts on one bridge reach each other
+on their own addresses. Nothing is routed further: the namespace has no default route, so
+such a host has no internet (install what it needs before, e.g. with `renet`: converge on
+the shared network first, then move the host into its namespace). `destroy` removes the
+namespaces of the hosts it removes, and the bridge once no host uses it.
 
 State (rootfs cache, machines, SSH key, shared pip/uv caches) lives under $VD_CACHE_DIR
 (default /var/cache/vllm-deploy). The directory pip's find-links points at (if any) is
@@ -22,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
+import ipaddress
 import json
 import os
 import shutil
@@ -199,33 +214,118 @@ def port_in_use(port):
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def ssh_base(port):
+def ssh_base(port, address="127.0.0.1"):
     return ["ssh", "-i", KEY, "-p", str(port), "-o", "StrictHostKeyChecking=no",
             "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-            "-o", "BatchMode=yes", "-o", "ConnectTimeout=3", "root@127.0.0.1"]
+            "-o", "BatchMode=yes", "-o", "ConnectTimeout=3", "root@" + address]
 
 
-def create(name, port, memory=None, timeout=120):
+# --------------------------------------------------------------------------- netns
+DEFAULT_BRIDGE = "vdtest0"
+
+
+def check_netns_args(name, address, bridge, bridge_address):
+    """Private IPv4 addresses in one subnet, short interface names; raises HarnessError."""
+    try:
+        host_if = ipaddress.ip_interface(address)
+        br_if = ipaddress.ip_interface(bridge_address)
+    except ValueError as e:
+        raise HarnessError("bad --netns-address/--bridge-address: %s" % e)
+    if host_if.version != 4 or not host_if.network.is_private or host_if.network.prefixlen < 16:
+        raise HarnessError("--netns-address %s must be a private IPv4 address with a /16 or "
+                           "smaller subnet (e.g. 10.213.0.2/24)" % address)
+    if br_if.network != host_if.network or br_if.ip == host_if.ip:
+        raise HarnessError("--bridge-address %s must be another address in the subnet of "
+                           "--netns-address %s" % (bridge_address, address))
+    if not bridge.replace("-", "").isalnum() or len(bridge) > 15:
+        raise HarnessError("bad --bridge %r: at most 15 letters, digits or '-'" % bridge)
+
+
+def _veth_names(name):
+    digest = hashlib.sha1(name.encode()).hexdigest()[:8]
+    return "vdh" + digest, "vdc" + digest  # this machine's end, the host's end (<= 15 chars)
+
+
+def _bridge_address_present(bridge, bridge_address):
+    out = run(["ip", "-o", "addr", "show", "dev", bridge], capture_output=True,
+              text=True).stdout
+    return (" %s " % bridge_address) in out
+
+
+def setup_netns(name, address, bridge, bridge_address):
+    """Namespace NAME with eth0=address, its peer in `bridge` (created with bridge_address)."""
+    if not os.path.exists("/sys/class/net/%s" % bridge):
+        run(["ip", "link", "add", bridge, "type", "bridge"])
+    elif not os.path.isdir("/sys/class/net/%s/bridge" % bridge):
+        raise HarnessError("%s exists and is not a bridge" % bridge)
+    if not _bridge_address_present(bridge, bridge_address):
+        run(["ip", "addr", "add", bridge_address, "dev", bridge])
+    run(["ip", "link", "set", bridge, "up"])
+    teardown_netns(name)
+    outer, inner = _veth_names(name)
+    run(["ip", "netns", "add", name])
+    run(["ip", "link", "add", outer, "type", "veth", "peer", "name", inner])
+    run(["ip", "link", "set", inner, "netns", name])
+    run(["ip", "-n", name, "link", "set", inner, "name", "eth0"])
+    run(["ip", "-n", name, "addr", "add", address, "dev", "eth0"])
+    run(["ip", "-n", name, "link", "set", "eth0", "up"])
+    run(["ip", "-n", name, "link", "set", "lo", "up"])
+    run(["ip", "link", "set", outer, "master", bridge])
+    run(["ip", "link", "set", outer, "up"])
+
+
+def teardown_netns(name):
+    outer, _ = _veth_names(name)
+    if os.path.exists("/sys/class/net/%s" % outer):
+        run(["ip", "link", "del", outer], check=False)
+    if os.path.exists("/run/netns/%s" % name):
+        run(["ip", "netns", "del", name], check=False)
+
+
+def remove_bridge_if_unused(bridge):
+    brif = "/sys/class/net/%s/brif" % bridge
+    if os.path.isdir(brif) and not os.listdir(brif):
+        run(["ip", "link", "del", bridge], check=False)
+        log("removed bridge %s" % bridge)
+
+
+def _netns_names(prefix):
+    if not os.path.isdir("/run/netns"):
+        return []
+    return sorted(n for n in os.listdir("/run/netns") if n.startswith(prefix))
+
+
+def create(name, port, memory=None, timeout=120, netns_address=None, bridge=DEFAULT_BRIDGE,
+           bridge_address=None, keep_root=False):
     require_root_tools()
     if not name.replace("-", "").replace("_", "").isalnum():
         raise HarnessError("bad host name %r: letters, digits, '-' and '_' only" % name)
+    if netns_address:
+        if not bridge_address:
+            raise HarnessError("--netns-address needs --bridge-address (this machine's "
+                               "address on the bridge, e.g. 10.213.0.1/24)")
+        check_netns_args(name, netns_address, bridge, bridge_address)
     if name in _nspawn_pids(name) and _nspawn_pids(name)[name]:
         st = _state(name)
         if st and st.get("port") == port:
             log("%s is already running on port %d" % (name, port))
             return st
         raise HarnessError("%s is already running (destroy it first)" % name)
-    if port_in_use(port):
+    if not netns_address and port_in_use(port):
         raise HarnessError("port %d on 127.0.0.1 is already in use: choose another SSH port"
                            % port)
-    rootfs = build_rootfs()
     key = ensure_key()
     mdir = machine_dir(name)
     root = os.path.join(mdir, "root")
-    shutil.rmtree(mdir, ignore_errors=True)
-    os.makedirs(mdir)
-    log("copying the rootfs for %s" % name)
-    run(["cp", "-a", "--reflink=auto", rootfs, root])
+    if keep_root:
+        if not os.path.isdir(os.path.join(root, "etc")):
+            raise HarnessError("%s has no disk to boot again (create it first)" % name)
+    else:
+        rootfs = build_rootfs()
+        shutil.rmtree(mdir, ignore_errors=True)
+        os.makedirs(mdir)
+        log("copying the rootfs for %s" % name)
+        run(["cp", "-a", "--reflink=auto", rootfs, root])
 
     with open(os.path.join(root, "etc/hostname"), "w") as f:
         f.write(name + "\n")
@@ -233,25 +333,35 @@ def create(name, port, memory=None, timeout=120):
         f.write("127.0.0.1 localhost\n127.0.1.1 %s\n" % name)
     with open(os.path.join(root, "etc/ssh/sshd_config.d/20-port.conf"), "w") as f:
         f.write("Port %d\n" % port)
+        if netns_address:  # besides 127.0.0.1 (10-testhost.conf), its own loopback there
+            f.write("ListenAddress %s\n" % netns_address.split("/")[0])
     ssh_root = os.path.join(root, "root/.ssh")
     os.makedirs(ssh_root, mode=0o700, exist_ok=True)
     shutil.copy(key + ".pub", os.path.join(ssh_root, "authorized_keys"))
     os.chmod(os.path.join(ssh_root, "authorized_keys"), 0o600)
-    run(["chroot", root, "ssh-keygen", "-A"], stdout=subprocess.DEVNULL)
+    if not keep_root:
+        run(["chroot", root, "ssh-keygen", "-A"], stdout=subprocess.DEVNULL)
     args = ["systemd-nspawn", "--boot", "--register=no", "--keep-unit", "--quiet",
             "--machine=" + name, "--directory=" + root, "--setenv=VD_TESTHOST=1",
             "--resolv-conf=copy-host", "--timezone=off"]
+    if netns_address:
+        setup_netns(name, netns_address, bridge, bridge_address)
+        args.append("--network-namespace-path=/run/netns/%s" % name)
     for host_path, guest_path in SHARED_CACHES.items():
         os.makedirs(host_path, exist_ok=True)
         args.append("--bind=%s:%s" % (host_path, guest_path))
     wheelhouse = pip_find_links()
     if wheelhouse:
         args.append("--bind-ro=%s:%s" % (wheelhouse, WHEELHOUSE_IN_HOST))
-    console = open(os.path.join(mdir, "console.log"), "wb")
+    console = open(os.path.join(mdir, "console.log"), "ab" if keep_root else "wb")
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=console,
                             stderr=subprocess.STDOUT, start_new_session=True)
     state = {"name": name, "port": port, "pid": proc.pid, "root": root, "key": key,
              "wheelhouse": WHEELHOUSE_IN_HOST if wheelhouse else None}
+    address = "127.0.0.1"
+    if netns_address:
+        address = netns_address.split("/")[0]
+        state.update({"address": address, "netns": name, "bridge": bridge})
     with open(os.path.join(mdir, "state.json"), "w") as f:
         json.dump(state, f)
     deadline = time.time() + timeout
@@ -259,21 +369,18 @@ def create(name, port, memory=None, timeout=120):
         if proc.poll() is not None:
             raise HarnessError("systemd-nspawn for %s exited with %s; see %s"
                                % (name, proc.returncode, os.path.join(mdir, "console.log")))
-        r = subprocess.run(ssh_base(port) + ["systemctl is-system-running --wait >/dev/null;"
-                                             " true"],
+        r = subprocess.run(ssh_base(port, address)
+                           + ["systemctl is-system-running --wait >/dev/null; true"],
                            capture_output=True, timeout=60)
         if r.returncode == 0:
-            log("%s is up: ssh root@127.0.0.1 -p %d -i %s" % (name, port, key))
+            log("%s is up: ssh root@%s -p %d -i %s" % (name, address, port, key))
             return state
         time.sleep(1)
     raise HarnessError("%s did not answer on SSH port %d within %d s; see %s"
                        % (name, port, timeout, os.path.join(mdir, "console.log")))
 
 
-def destroy(prefix, timeout=30):
-    if not prefix:
-        raise HarnessError("destroy needs a non-empty name prefix")
-    pids = _nspawn_pids(prefix)
+def _stop(pids, timeout):
     for name, pid in pids.items():
         log("stopping %s (pid %d)" % (name, pid))
         try:
@@ -291,6 +398,38 @@ def destroy(prefix, timeout=30):
             except (ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
             time.sleep(1)
+
+
+def renet(name, netns_address, bridge=DEFAULT_BRIDGE, bridge_address=None, timeout=120):
+    """Stop a running host and boot it again from the same disk in its own namespace."""
+    st = _state(name)
+    if not st:
+        raise HarnessError("no test host named %s (create it first)" % name)
+    if not bridge_address:
+        raise HarnessError("renet needs --bridge-address")
+    check_netns_args(name, netns_address, bridge, bridge_address)
+    pid = _nspawn_pids(name).get(name)
+    if pid:
+        _stop({name: pid}, 60)
+    return create(name, st["port"], timeout=timeout, netns_address=netns_address,
+                  bridge=bridge, bridge_address=bridge_address, keep_root=True)
+
+
+def destroy(prefix, timeout=30):
+    if not prefix:
+        raise HarnessError("destroy needs a non-empty name prefix")
+    pids = _nspawn_pids(prefix)
+    bridges = set()
+    if os.path.isdir(MACHINES):
+        for name in os.listdir(MACHINES):
+            if name.startswith(prefix) and (_state(name) or {}).get("bridge"):
+                bridges.add(_state(name)["bridge"])
+    _stop(pids, timeout)
+    for ns in _netns_names(prefix):
+        teardown_netns(ns)
+        log("removed network namespace %s" % ns)
+    for bridge in sorted(bridges):
+        remove_bridge_if_unused(bridge)
     removed = []
     if os.path.isdir(MACHINES):
         for name in sorted(os.listdir(MACHINES)):
@@ -354,7 +493,7 @@ def write_inventory(names, out, group="vllm_hosts", extra_vars=None):
         if not st:
             raise HarnessError("no test host named %s (create it first)" % name)
         hv = {
-            "ansible_host": "127.0.0.1",
+            "ansible_host": st.get("address") or "127.0.0.1",
             "ansible_port": st["port"],
             "ansible_user": "root",
             "ansible_ssh_private_key_file": st["key"],
@@ -374,9 +513,20 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("rootfs")
     c = sub.add_parser("create")
+    r = sub.add_parser("renet", help="boot a running host again in its own namespace")
+    r.add_argument("name")
+    r.add_argument("--timeout", type=int, default=120)
     c.add_argument("name")
     c.add_argument("--port", type=int, required=True, help="sshd port on 127.0.0.1")
     c.add_argument("--timeout", type=int, default=120)
+    for p in (c, r):
+        p.add_argument("--netns-address", default=None,
+                       help="boot in a network namespace of its own with this private "
+                            "address (e.g. 10.213.0.2/24); sshd listens there")
+        p.add_argument("--bridge", default=DEFAULT_BRIDGE,
+                       help="bridge on this machine joining the namespaces")
+        p.add_argument("--bridge-address", default=None,
+                       help="this machine's address on the bridge (e.g. 10.213.0.1/24)")
     d = sub.add_parser("destroy")
     d.add_argument("prefix")
     sub.add_parser("list")
@@ -392,13 +542,22 @@ def main(argv=None):
         if args.cmd == "rootfs":
             print(build_rootfs())
         elif args.cmd == "create":
-            print(json.dumps(create(args.name, args.port, timeout=args.timeout)))
+            print(json.dumps(create(args.name, args.port, timeout=args.timeout,
+                                    netns_address=args.netns_address, bridge=args.bridge,
+                                    bridge_address=args.bridge_address)))
+        elif args.cmd == "renet":
+            if not args.netns_address:
+                raise HarnessError("renet needs --netns-address")
+            print(json.dumps(renet(args.name, args.netns_address, bridge=args.bridge,
+                                   bridge_address=args.bridge_address, timeout=args.timeout)))
         elif args.cmd == "destroy":
             destroy(args.prefix)
         elif args.cmd == "list":
             for st in list_hosts():
-                print("%-24s port=%-6s %s" % (st["name"], st.get("port"),
-                                              "running" if st["running"] else "stopped"))
+                print("%-24s port=%-6s %s%s" % (st["name"], st.get("port"),
+                                                "running" if st["running"] else "stopped",
+                                                " address=%s" % st["address"]
+                                                if st.get("address") else ""))
         elif args.cmd == "inventory":
             extra = json.loads(args.vars_json) if args.vars_json else None
             print(write_inventory(args.names, args.out, args.group, extra))
