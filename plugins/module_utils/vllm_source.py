@@ -431,13 +431,18 @@ def install_command(source, venv, installer="uv", uv="uv", wheel_url=None, torch
     installer: "uv" -> [uv, pip, install, --python, VENV/bin/python, ...,
     --torch-backend X]; "pip" -> [VENV/bin/python, -m, pip, install, ...] (pip has no torch
     backend: pass the torch index in extra_index_urls). For a commit source, ``wheel_url``
-    is the URL from select_wheel(); uv without it falls back to the documented
+    is the URL from select_wheel(); torch_backend "none" leaves --torch-backend out (torch
+    from find_links or an extra index instead); uv without it falls back to the documented
     ``vllm --extra-index-url https://wheels.vllm.ai/<sha>[/<variant>]``; pip needs it.
     A wheelhouse source adds --no-index --find-links DIR. find_links, extra_index_urls and
     index_url_override (--index-url) add indexes/mirrors for the other sources.
     """
     if installer not in ("uv", "pip"):
         raise SourceError("installer must be 'uv' or 'pip', got %r" % (installer,))
+    # "none": no --torch-backend at all (torch comes from find_links / an extra index).
+    no_backend = torch_backend == "none"
+    if no_backend:
+        torch_backend = None
     python = posixpath.join(venv, "bin", "python")
     kind = source["kind"]
     find_links = _as_list(find_links)
@@ -470,7 +475,7 @@ def install_command(source, venv, installer="uv", uv="uv", wheel_url=None, torch
 
     if installer == "uv":
         argv = [uv, "pip", "install", "--python", python] + reqs
-        backend = torch_backend or default_torch_backend(source)
+        backend = None if no_backend else (torch_backend or default_torch_backend(source))
         if backend:
             argv += ["--torch-backend", backend]
     else:
