@@ -69,7 +69,7 @@ options:
   resolve:
     description: Select the nightly wheel (needs I(metadata)); false only validates.
     type: bool
-    default: true
+    default: false
   check_paths:
     description: Require the wheelhouse directory to exist on this host.
     type: bool
@@ -192,7 +192,7 @@ def main():
         uv=dict(type="str", default="uv"),
         metadata=dict(type="str"),
         project_list=dict(type="str"),
-        resolve=dict(type="bool", default=True),
+        resolve=dict(type="bool", default=False),
         check_paths=dict(type="bool", default=True),
         extra_requirements=dict(type="list", elements="str", default=[]),
         excludes=dict(type="list", elements="str", default=[]),
