@@ -169,7 +169,8 @@ def cmd_start(args):
     proc = subprocess.Popen(
         [_olah_cli(args.olah_cli), "-c", config, "--log-path", os.path.join(state, "logs")],
         cwd=state, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        start_new_session=True)
+        # Unbuffered: the access log is read by tests right after each request.
+        env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
     with open(pidfile, "w") as f:
         f.write(str(proc.pid))
     err = wait_ready("http://%s:%d/api/models/%s/revision/%s"
