@@ -194,7 +194,7 @@ def test_verify_noop_and_repair(hub, tmp_path):
     with open(str(dest / SHARDS[1]), "r+b") as f:
         f.truncate(1000)
     fixed = run_module(args)
-    assert fixed["changed"] and fixed["downloaded"] and fixed["verified"]
+    assert fixed["changed"] and fixed["downloaded"] and fixed["verified"], fixed.get("msg", fixed)
     assert fixed["bytes_needed"] == SHARD - 1
     assert os.path.getsize(str(dest / SHARDS[1])) == SHARD - 1
     assert len(resolve_gets(hub, SHARDS[1])) == gets + 1
