@@ -179,6 +179,25 @@ def remove_incomplete(local_dir):
     return count, size
 
 
+def discard_damaged(local_dir, pending):
+    """Delete the local copy and huggingface_hub's metadata of each pending file that exists.
+
+    huggingface_hub skips a file whose metadata etag matches when the file's mtime is within
+    a second of the metadata timestamp, so a file damaged right after its download (or by a
+    tool that keeps mtimes) would not be fetched again. Returns the paths removed. Call only
+    while no other downloader uses local_dir."""
+    removed = []
+    for rel in pending:
+        full = os.path.join(local_dir, rel)
+        if os.path.isfile(full):
+            os.remove(full)
+            removed.append(rel)
+            meta = metadata_path(local_dir, rel)
+            if os.path.isfile(meta):
+                os.remove(meta)
+    return removed
+
+
 def incomplete_bytes(local_dir):
     return sum(_stat_size(p) or 0 for p in find_incomplete(local_dir))
 

@@ -188,6 +188,11 @@ stale_incomplete_removed:
   description: Part files of an earlier killed download deleted before downloading.
   returned: when a download ran
   type: int
+damaged_removed:
+  description: Files present with the wrong size, deleted (with their metadata) so they are fetched again.
+  returned: when a download ran
+  type: list
+  elements: str
 reason:
   description: Why the Hub was or was not contacted.
   returned: always
@@ -205,8 +210,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.hf_weights import (
-    HfWeightsError, build_manifest, bytes_missing, disk_preflight, file_complete, free_bytes,
-    incomplete_bytes, remove_incomplete,
+    HfWeightsError, build_manifest, bytes_missing, discard_damaged, disk_preflight,
+    file_complete, free_bytes, incomplete_bytes, remove_incomplete,
     is_commit_sha, manifest_matches, normalize_overrides, normalize_patterns, plan_overrides,
     progress_bytes, read_manifest, request_from_manifest, select_files, utc_now, verify_local_dir,
     write_json_atomic, write_overrides)
@@ -553,6 +558,7 @@ def main():
         acquire_dir_lock(local_dir)  # fd stays open (locked) until the module exits
         if pending:
             result["stale_incomplete_removed"] = remove_incomplete(local_dir)[0]
+            result["damaged_removed"] = discard_damaged(local_dir, pending)
             result["download"] = run_download(p, request, sha, expected, env)
             result["downloaded"] = True
         check = verify_local_dir(local_dir, expected, sha, hashes=p["verify_hashes"])

@@ -497,3 +497,21 @@ def test_manifest_tracks_overridden_file(tmp_path):
     put(root, "config.json", model_files()["config.json"])  # someone restored the original
     assert manifest_matches(m, request(overrides=ops), root) == \
         (False, "config.json differs from the overridden version")
+
+
+def test_discard_damaged_removes_the_file_and_its_metadata(tmp_path):
+    from ansible.module_utils.hf_weights import discard_damaged, metadata_path
+
+    d = str(tmp_path)
+    for rel in ("a.bin", "sub/b.bin"):
+        os.makedirs(os.path.dirname(os.path.join(d, rel)) or d, exist_ok=True)
+        with open(os.path.join(d, rel), "wb") as f:
+            f.write(b"x" * 10)
+        meta = metadata_path(d, rel)
+        os.makedirs(os.path.dirname(meta), exist_ok=True)
+        with open(meta, "w") as f:
+            f.write("sha\netag\n1.0\n")
+    assert discard_damaged(d, ["sub/b.bin", "missing.bin"]) == ["sub/b.bin"]
+    assert not os.path.exists(os.path.join(d, "sub/b.bin"))
+    assert not os.path.exists(metadata_path(d, "sub/b.bin"))
+    assert os.path.exists(os.path.join(d, "a.bin")) and os.path.exists(metadata_path(d, "a.bin"))
