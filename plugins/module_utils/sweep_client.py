@@ -14,7 +14,8 @@ counts, a light SSE parser of its own, and per level:
 
 Prompts are random token-id lists of exactly ``input_len`` tokens drawn from the server's
 vocabulary (its size is learned with a binary search over ``/v1/completions`` validation
-errors unless given), from a generator seeded once per run and per level, so no level reuses
+errors unless given; a probe whose connection drops or that gets HTTP 5xx counts as out of range
+only while the server still accepts token id 0), from a generator seeded once per run and per level, so no level reuses
 another's prompts and prefix caching cannot flatter later levels. Output length is forced with
 ``max_tokens = min_tokens = output_len`` and ``ignore_eos``; counts come from the server's
 ``usage`` (``stream_options.include_usage``; ``continuous_usage_stats`` gives tokens per chunk).
@@ -49,6 +50,7 @@ LOOP_TICK_S = 0.01
 LOOP_LAG_LIMIT_MS = 10.0
 CPU_LIMIT = 0.8
 VOCAB_PROBE_MAX = 1 << 21  # larger than any tokenizer's vocabulary
+PROBE_TIMEOUT_S = 60
 CHAT_WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
               "november oscar papa quebec romeo sierra tango uniform victor whiskey xray "
               "yankee zulu").split()
@@ -56,6 +58,18 @@ CHAT_WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet ki
 
 class SweepError(Exception):
     """A problem that stops the sweep (bad parameter, unreachable server, wrong model)."""
+
+
+class RequestLogError(SweepError):
+    """The request log (request_log_path) could not be opened or written."""
+
+
+def failure_message(exc):
+    """The module's message for an exception out of run_sweep: a SweepError says it all (a
+    RequestLogError names request_log_path); anything else is named by its type."""
+    if isinstance(exc, SweepError):
+        return str(exc)
+    return "sweep failed: %s: %s" % (type(exc).__name__, exc)
 
 
 def default_min_requests(concurrency):
@@ -161,18 +175,54 @@ class Sweep(object):
         before = await self.scrape()
         self.server["metrics_available"] = before is not None
 
-    async def _token_ok(self, token_id):
+    async def _probe_token(self, token_id):
+        """One probe: True (accepted), False (refused as out of vocabulary), or a string that
+        says why no verdict came (the connection dropped, or HTTP 5xx)."""
         body = {"model": self.p["model"], "prompt": [token_id], "max_tokens": 1}
-        async with self.session.post(self.base + "/v1/completions", json=body,
-                                     headers=self.headers,
-                                     timeout=aiohttp.ClientTimeout(total=60)) as r:
-            text = await r.text()
-            if r.status == 200:
-                return True
-            if r.status == 400 and "vocab" in text.lower():
-                return False
-            raise SweepError("vocabulary probe with token id %d got HTTP %d: %s"
-                             % (token_id, r.status, _short(text)))
+        headers = dict(self.headers)
+        headers["Connection"] = "close"  # a fresh connection each: a drop belongs to this probe
+        try:
+            async with self.session.post(self.base + "/v1/completions", json=body,
+                                         headers=headers,
+                                         timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+                                         ) as r:
+                status, text = r.status, await r.text()
+        except asyncio.TimeoutError:  # before OSError: TimeoutError is one on Python >= 3.11
+            raise SweepError("vocabulary probe with token id %d got no answer within %d s "
+                             "from %s/v1/completions; pass vocab_size to skip the probe"
+                             % (token_id, PROBE_TIMEOUT_S, self.base))
+        except (aiohttp.ClientError, OSError) as e:
+            return "%s: %s" % (type(e).__name__, _short(e, 200) or "connection dropped")
+        if status == 200:
+            return True
+        if status == 400 and "vocab" in text.lower():
+            return False
+        if status >= 500:
+            return "HTTP %d: %s" % (status, _short(text, 200))
+        raise SweepError("vocabulary probe with token id %d got HTTP %d: %s"
+                         % (token_id, status, _short(text)))
+
+    async def _token_ok(self, token_id):
+        """Whether the server accepts ``token_id`` as a prompt token.
+
+        Some servers do not answer an out-of-vocabulary id with HTTP 400: vLLM 0.25 raises an
+        unhandled ValueError and drops the connection, others answer 5xx. Such a probe counts
+        as "out of range" only when the server still accepts token id 0 right after it; when it
+        does not, the server stopped answering and the sweep fails (SweepError).
+        """
+        verdict = await self._probe_token(token_id)
+        if verdict is True or verdict is False:
+            return verdict
+        alive = verdict if token_id == 0 else await self._probe_token(0)
+        if alive is True:
+            return False
+        what = "token id %d: %s" % (token_id, verdict)
+        if token_id != 0:
+            what += "; token id 0 after it: %s" % (
+                "refused as out of vocabulary" if alive is False else alive)
+        raise SweepError("the server at %s stopped answering during the vocabulary probe (%s); "
+                         "check the server's log, or pass vocab_size to skip the probe"
+                         % (self.base, what))
 
     async def _probe_vocab(self):
         """Largest valid prompt token id + 1, by binary search over validation errors."""
@@ -404,20 +454,38 @@ class Sweep(object):
             self.session = s
             cpu0 = time.process_time()
             await self.preflight()
-            log = open(log_path, "w") if log_path else None
+            log = None
+            if log_path:
+                try:
+                    log = open(log_path, "w")
+                except (IOError, OSError) as e:
+                    raise RequestLogError("request_log_path %s: %s" % (log_path, e))
             try:
-                return await self._levels(log, cpu0)
-            finally:
+                result = await self._levels(log, cpu0, log_path)
+            except BaseException:
                 if log is not None:
+                    try:
+                        log.close()
+                    except (IOError, OSError):
+                        pass  # the error in flight says more
+                raise
+            if log is not None:
+                try:
                     log.close()
+                except (IOError, OSError) as e:
+                    raise RequestLogError("request_log_path %s: %s" % (log_path, e))
+            return result
 
-    async def _levels(self, log, cpu0):
+    async def _levels(self, log, cpu0, log_path=None):
         levels, prev, stop_reason, signals = [], None, None, []
         for conc in self.p["levels"]:
             summary, records, (w0, w1) = await self.run_level(conc)
             levels.append(summary)
             if log is not None:
-                self.write_log(log, records, w0, w1)
+                try:
+                    self.write_log(log, records, w0, w1)
+                except (IOError, OSError) as e:
+                    raise RequestLogError("request_log_path %s: %s" % (log_path, e))
             reason = saturation_check(prev, summary, self.p["saturation_threshold"])
             if reason and summary["client"]["client_limited"]:
                 reason += " (level was client-limited: the client may be the bottleneck)"
@@ -456,7 +524,8 @@ class Sweep(object):
 
 
 def run_sweep(params, request_log_path=None):
-    """Run the whole sweep synchronously; returns the facts dict. Raises SweepError."""
+    """Run the whole sweep synchronously; returns the facts dict. Raises SweepError (its
+    subclass RequestLogError when the request log cannot be opened or written)."""
     if not HAS_AIOHTTP:
         raise SweepError("aiohttp is not importable by %s" % sys.executable)
     return asyncio.run(Sweep(params).run(log_path=request_log_path))

@@ -46,8 +46,8 @@ description:
     a level is marked C(client_limited) when loop-lag p99 exceeds 10 ms or the client used
     more than 80% of a core over the window."
   - Before any level it checks C(GET /v1/models) (unreachable server or a model name not served
-    fails here, listing the served names) and learns the vocabulary size from validation
-    errors of C(/v1/completions) unless I(vocab_size) is given.
+    fails here, listing the served names) and, with I(endpoint=completions), learns the
+    vocabulary size from C(/v1/completions) unless I(vocab_size) is given (see I(vocab_size)).
   - Needs C(aiohttp) importable by the Python that runs the module; vLLM depends on it, so
     setting C(ansible_python_interpreter) to the vLLM virtualenv's python works.
   - It only measures, so it always reports C(changed=false); the caller persists the facts.
@@ -119,14 +119,26 @@ options:
     default: true
   request_log_path:
     description: Where to write per-request records (JSON lines) on the host running the
-      module. Times are seconds from the start of the sweep.
+      module. Times are seconds from the start of the sweep. Opened once the preflight passed;
+      only a failure to open or write it is reported as C(request_log_path ...).
     type: path
   metrics_url:
     description: Prometheus endpoint for the server cross-check. Default I(base_url)C(/metrics).
     type: str
   vocab_size:
-    description: Token ids for prompts are drawn from C([0, vocab_size)). Learned from the
-      server when omitted.
+    description:
+      - Token ids for prompts are drawn from C([0, vocab_size)).
+      - When omitted (and I(endpoint=completions)), the preflight learns it from the server with
+        a binary search of about 22 one-token prompts to C(/v1/completions), ids 0 to 2**21,
+        each on a fresh connection. HTTP 200 means the id is in range, HTTP 400 mentioning the
+        vocabulary means out of range.
+      - Some servers drop the connection (vLLM 0.25 resets it on an out-of-vocabulary id) or
+        answer HTTP 5xx instead; such a probe counts as out of range only when the server still
+        accepts token id 0 right after it (one more request). When it does not, the sweep
+        fails before any level, saying the server stopped answering during the vocabulary
+        probe; it also fails there when token id 0 is refused or a probe gets no answer within
+        60 s. Give I(vocab_size) (the model's C(vocab_size) from its C(config.json)) to skip
+        the probe.
     type: int
 author: vllm-deploy
 """
@@ -209,9 +221,12 @@ skipped:
 """
 
 import sys
+import traceback
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sweep_client import HAS_AIOHTTP, SweepError, check_params, run_sweep
+from ansible.module_utils.sweep_client import (
+    HAS_AIOHTTP, SweepError, check_params, failure_message, run_sweep,
+)
 from ansible.module_utils.sweep_metrics import format_table
 
 
@@ -255,10 +270,10 @@ def main():
                              "to the vLLM virtualenv's python)" % sys.executable)
     try:
         result = run_sweep(params, request_log_path=log_path)
-    except SweepError as e:
-        module.fail_json(msg=str(e))
-    except (IOError, OSError) as e:
-        module.fail_json(msg="request_log_path %s: %s" % (log_path, e))
+    except SweepError as e:  # RequestLogError (a SweepError) names request_log_path itself
+        module.fail_json(msg=failure_message(e))
+    except Exception as e:  # noqa: BLE001 - say what failed, not a bare traceback
+        module.fail_json(msg=failure_message(e), exception=traceback.format_exc())
     module.exit_json(changed=False, ansible_facts={"vllm_sweep": result},
                      table=format_table(result["levels"]))
 
