@@ -23,6 +23,85 @@ _REQ_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*"
                      r"((==|>=|<=|~=|!=|<|>)[^\s;]+(\s*,\s*(==|>=|<=|~=|!=|<|>)[^\s;]+)*)?$")
 _PKG_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 TORCH_BACKEND_RE = re.compile(r"^(auto|none|cpu|cu[0-9]{2,3}|rocm[0-9.]+|xpu)$")
+# PEP 427 wheel file names: {distribution}-{version}(-{build})?-{python}-{abi}-{platform}.whl
+_WHEEL_RE = re.compile(r"^(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._]*[A-Za-z0-9])?)-"
+                       r"(?P<version>[^-]+)(?:-(?P<build>[0-9][^-]*))?-[^-]+-[^-]+-[^-]+\.whl$")
+# Never installed into the venv from a no-deps wheelhouse: the installer itself.
+NO_DEPS_SKIP = ("uv",)
+
+
+def normalize_name(name):
+    """PEP 503 normalized distribution name (Flash_Infer.python -> flash-infer-python)."""
+    return re.sub(r"[-_.]+", "-", str(name)).lower()
+
+
+def parse_wheel_name(filename):
+    """(normalized name, version) of a wheel file name, or None when it is not one."""
+    m = _WHEEL_RE.match(posixpath.basename(str(filename)))
+    if not m:
+        return None
+    return normalize_name(m.group("name")), m.group("version")
+
+
+def find_wheel(filenames, name, version=""):
+    """The file name of ``name``'s wheel among ``filenames`` at ``version`` (or any, when
+    empty; a local version label such as +cpu or +cu130 also matches), else None."""
+    want = normalize_name(name)
+    for filename in sorted(filenames or []):
+        parsed = parse_wheel_name(filename)
+        if parsed and parsed[0] == want and (
+                not version or parsed[1] == version or parsed[1].split("+")[0] == version):
+            return posixpath.basename(str(filename))
+    return None
+
+
+def no_deps_wheels(filenames, package, version, excludes=(), prefix="vllm_install_"):
+    """The wheels of a no-deps wheelhouse install, sorted file names.
+
+    Every wheel of the directory goes in, with ``--no-deps`` (nothing is resolved: the
+    directory IS the environment, as an air-gapped wheelhouse made for one machine is), except
+    the installer (uv) and the excluded distributions. Refused: no wheel of ``package`` at
+    ``version``, two versions of one distribution (which one would win is undefined), and
+    files that are not wheels by name.
+    """
+    wheelhouse = prefix + "wheelhouse"
+    chosen, seen = [], {}
+    skip = set(normalize_name(x) for x in NO_DEPS_SKIP) | set(normalize_name(x) for x in excludes or [])
+    for filename in sorted(posixpath.basename(str(f)) for f in filenames or []):
+        parsed = parse_wheel_name(filename)
+        if parsed is None:
+            raise SourceError("%s: %r is not a wheel file name (NAME-VERSION-PY-ABI-PLATFORM.whl)"
+                              % (wheelhouse, filename))
+        name, ver = parsed
+        if name in skip:
+            continue
+        seen.setdefault(name, []).append(filename)
+        chosen.append(filename)
+    twice = dict((n, files) for n, files in seen.items() if len(files) > 1)
+    if twice:
+        raise SourceError("%s holds more than one wheel of %s; with %sno_deps every wheel is "
+                          "installed, so keep one of each"
+                          % (wheelhouse, "; ".join("%s (%s)" % (n, ", ".join(f))
+                                                    for n, f in sorted(twice.items())),
+                             wheelhouse + "_"))
+    if not find_wheel(chosen, package, version):
+        present = [parse_wheel_name(f)[1] for f in seen.get(normalize_name(package), [])]
+        raise SourceError("%s has no %s wheel%s (present: %s)"
+                          % (wheelhouse, package, " of version " + version if version else "",
+                             ", ".join(present) or "none"))
+    return chosen
+
+
+def _clean_site_dirs(site_dirs, prefix):
+    out = []
+    for value in site_dirs or []:
+        value = str(value).strip()
+        if not value.startswith("/") or "\n" in value or "\r" in value:
+            raise SourceError("%ssite_dirs: %r must be an absolute path" % (prefix, value))
+        value = posixpath.normpath(value)
+        if value not in out:
+            out.append(value)
+    return out
 
 
 def _clean_list(values, what, pattern, prefix):
@@ -38,18 +117,25 @@ def _clean_list(values, what, pattern, prefix):
     return sorted(set(out))
 
 
-def make_pin(source, extra_requirements=(), excludes=(), wheel=None):
+def make_pin(source, extra_requirements=(), excludes=(), wheel=None, wheels=None,
+             site_dirs=()):
     """The pin: what decides the venv (its id) and what the marker file records.
 
     Two installs with the same pin produce the same venv; any change (another source, other
-    extra requirements, other excluded packages) gives a new id, hence a new venv.
+    extra requirements, other excluded packages, another set of no-deps wheels, other site
+    directories) gives a new id, hence a new venv.
     """
     extras = sorted(extra_requirements or [])
     excl = sorted(excludes or [])
+    site_dirs = list(site_dirs or [])
     pin_id = source["pin_id"]
-    if extras or excl:
-        digest = hashlib.sha256(json.dumps({"extra_requirements": extras, "excludes": excl},
-                                           sort_keys=True).encode()).hexdigest()[:8]
+    identity = {"extra_requirements": extras, "excludes": excl}
+    if wheels is not None:
+        identity["no_deps_wheels"] = sorted(wheels)
+    if site_dirs:
+        identity["site_dirs"] = site_dirs
+    if extras or excl or wheels is not None or site_dirs:
+        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
         pin_id = "%s-%s" % (pin_id, digest)
     return {
         "id": pin_id,
@@ -64,6 +150,8 @@ def make_pin(source, extra_requirements=(), excludes=(), wheel=None):
         "wheelhouse_dir": source["wheelhouse_dir"],
         "extra_requirements": extras,
         "excludes": excl,
+        "no_deps": wheels is not None,
+        "site_dirs": site_dirs,
     }
 
 
@@ -89,7 +177,8 @@ def resolve_wheel(source, metadata=None, project_list=None, machine="x86_64", py
 def plan(settings, root, uv="uv", metadata=None, project_list=None, machine="x86_64",
          python=(3, 11), extra_requirements=(), excludes=(), excludes_file=None,
          find_links=(), torch_index_url="", torch_backend="", uv_extra_args=(),
-         check_paths=False, resolve=True, prefix="vllm_install_"):
+         check_paths=False, resolve=True, prefix="vllm_install_", wheelhouse_wheels=None,
+         site_dirs=()):
     """Validate the settings and compute {source, pin, venv, argv, wheel, metadata_url}.
 
     settings: the vllm_source.validate_source keys. root: the install root (venvs go to
@@ -97,6 +186,11 @@ def plan(settings, root, uv="uv", metadata=None, project_list=None, machine="x86
     wheel URL -> auto, cpu and wheelhouse -> none: torch from find_links / the torch index);
     "none" never passes --torch-backend. With ``resolve`` false a commit source is validated
     but its wheel is not selected (argv is then None).
+
+    wheelhouse_wheels: for a wheelhouse source, the file names in the directory: then every
+    wheel is installed with --no-deps (no_deps_wheels) instead of resolving the package's
+    requirements; None resolves. site_dirs: directories the venv sees after its own
+    site-packages (a .pth file the role writes), e.g. a machine's preinstalled torch.
     """
     source = validate_source(settings, prefix=prefix, check_paths=check_paths)
     extras = _clean_list(extra_requirements, "extra_requirements", _REQ_RE, prefix)
@@ -109,15 +203,35 @@ def plan(settings, root, uv="uv", metadata=None, project_list=None, machine="x86
         raise SourceError("%storch_backend=%r does not apply to a wheelhouse (installed with "
                           "--no-index): put the torch wheel in %s"
                           % (prefix, torch_backend, source["wheelhouse_dir"]))
+    site = _clean_site_dirs(site_dirs, prefix)
+    wheels = None
+    if wheelhouse_wheels is not None:
+        if source["kind"] != "wheelhouse":
+            raise SourceError("%swheelhouse_no_deps applies only to %swheelhouse (the source is %s)"
+                              % (prefix, prefix, source["kind"]))
+        if extras:
+            raise SourceError("%sextra_requirements cannot be resolved with %swheelhouse_no_deps "
+                              "(every wheel of %s is installed as it is): put those wheels in "
+                              "the wheelhouse instead" % (prefix, prefix, source["wheelhouse_dir"]))
+        wheels = no_deps_wheels(wheelhouse_wheels, source["package"], source["version"], excl,
+                                prefix=prefix)
     wheel = None
     if resolve:
         wheel = resolve_wheel(source, metadata, project_list, machine, python)
-    pin = make_pin(source, extras, excl, wheel)
+    pin = make_pin(source, extras, excl, wheel, wheels=wheels, site_dirs=site)
     venv = posixpath.join(root, "venvs", pin["id"])
     result = {"source": source, "pin": pin, "venv": venv, "wheel": wheel, "argv": None,
               "metadata_url": (metadata_url(source["commit"], source["variant"])
                                if source["kind"] == "commit" else None)}
     if source["kind"] == "commit" and wheel is None:
+        return result
+
+    if wheels is not None:
+        python_path = posixpath.join(venv, "bin", "python")
+        result["argv"] = ([uv, "pip", "install", "--python", python_path, "--no-index", "--no-deps",
+                           "--system-certs"]
+                          + [posixpath.join(source["wheelhouse_dir"], w) for w in wheels]
+                          + [str(a) for a in (uv_extra_args or [])])
         return result
 
     backend = torch_backend

@@ -105,6 +105,23 @@ options:
     type: list
     elements: str
     default: []
+  wheelhouse_wheels:
+    description:
+      - The wheel file names in I(wheelhouse_dir) (e.g. from M(ansible.builtin.find)). When
+        given, the install takes every wheel there with C(--no-deps) and resolves nothing
+        (the role's C(vllm_install_wheelhouse_no_deps)); uv's own wheel and I(excludes) are
+        left out. Refused when the package's wheel at I(wheelhouse_version) is missing or a
+        distribution has two wheels.
+      - Omitted, the wheelhouse install resolves the package's requirements from the directory.
+    type: list
+    elements: str
+  site_dirs:
+    description:
+      - Absolute directories the venv sees after its own site-packages (written by the role as
+        a C(.pth) file), e.g. a machine image's torch. Part of the pin.
+    type: list
+    elements: str
+    default: []
   python_version:
     description: MAJOR.MINOR of the venv's Python for wheel selection; empty = this interpreter's.
     type: str
@@ -129,6 +146,16 @@ EXAMPLES = r"""
     uv: /opt/vllm-deploy/tools/uv-0.13.9/bin/uv
     metadata: "{{ _meta.content }}"
   register: _plan
+
+- name: Plan an air-gapped install of every wheel of a directory, reusing the image's torch
+  ansible.legacy.vllm_install_plan:
+    wheelhouse_dir: /srv/wheels
+    wheelhouse_package: vllm
+    wheelhouse_version: 0.25.0
+    wheelhouse_wheels: "{{ _found.files | map(attribute='path') | map('basename') | list }}"
+    site_dirs: [/opt/torch/.venv/lib/python3.12/site-packages]
+    root: /opt/vllm-deploy
+    uv: /opt/vllm-deploy/tools/uv-0.13.9/bin/uv
 
 - name: Check what got installed
   ansible.legacy.vllm_install_plan:
@@ -201,6 +228,8 @@ def main():
         torch_index_url=dict(type="str", default=""),
         torch_backend=dict(type="str", default=""),
         uv_extra_args=dict(type="list", elements="str", default=[]),
+        wheelhouse_wheels=dict(type="list", elements="str"),
+        site_dirs=dict(type="list", elements="str", default=[]),
         python_version=dict(type="str", default=""),
         installed_version=dict(type="str"),
         variable_prefix=dict(type="str", default="vllm_install_"),
@@ -227,7 +256,8 @@ def main():
                       excludes_file=p["excludes_file"], find_links=p["find_links"],
                       torch_index_url=p["torch_index_url"], torch_backend=p["torch_backend"],
                       uv_extra_args=p["uv_extra_args"], check_paths=p["check_paths"],
-                      resolve=p["resolve"], prefix=prefix)
+                      resolve=p["resolve"], prefix=prefix,
+                      wheelhouse_wheels=p["wheelhouse_wheels"], site_dirs=p["site_dirs"])
     except SourceError as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(changed=False, **result)

