@@ -4,14 +4,20 @@
 #   scripts/gpu_check/run.sh all [MACHINE_NAME]     everything below, in order
 #   scripts/gpu_check/run.sh stage N                copy build/gpu-wheels/partN into the wheelhouse
 #   scripts/gpu_check/run.sh facts [MACHINE_NAME]   raw nvidia-smi captures + gpu_facts via ansible
-#   scripts/gpu_check/run.sh install-serve          join wheels, install vLLM (--target, as the
-#                                                   wheelhouse notes do), start the dummy-weight
-#                                                   server, run the vllm_install role meanwhile,
-#                                                   then capacity plan vs vLLM's log
+#   scripts/gpu_check/run.sh prepare                join the cut wheels, check their sha256, put
+#                                                   ansible's wheels aside, write the model
+#   scripts/gpu_check/run.sh install                the vllm_install role (wheelhouse source,
+#                                                   --no-deps, the image's torch through
+#                                                   vllm_install_site_dirs) via ansible; its venv
+#                                                   serves every later step (fallback if it
+#                                                   fails: pip --target, as the wheelhouse notes do)
+#   scripts/gpu_check/run.sh install-serve          prepare + install, then the TP=1 server and
+#                                                   the capacity plan vs vLLM's log
 #   scripts/gpu_check/run.sh sweep TAG LEVELS [ansible|ansible-only]  bench_sweep_vs_vllm.py
 #                                                   (ours vs `vllm bench serve`) at LEVELS; with
 #                                                   `ansible` first the vllm_sweep module through
 #                                                   ansible at LEVELS (`ansible-only`: only that)
+#   scripts/gpu_check/run.sh ttft TAG                TTFT of text prompts vs token-id prompts (C=1)
 #   scripts/gpu_check/run.sh tp2-start              all-reduce smoke, then the server with TP=2
 #   scripts/gpu_check/run.sh stop                   stop the server
 #
@@ -41,6 +47,8 @@ MACHINE_ENV=$(env | grep -E '^(NCCL|TORCH|NVSHMEM|CUDA)_' | sort)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mkdir -p "$ST" "$OUTD"
 ANSIBLE_WHEELS="ansible_core- resolvelib- cryptography- cffi- pycparser-"
+ANS_WH=$ST/ans-wh   # ansible's wheels, kept out of the vLLM wheelhouse (every wheel there is installed)
+VENV_PY=$ST/role/current/bin/python
 
 log() { echo "[$(date +%H:%M:%S)] $*"; }
 
@@ -54,8 +62,9 @@ ansible_env() {
 
 install_ansible() {
   [ -x "$ST/ans/bin/ansible" ] && return 0
-  local w=() p
-  for p in $ANSIBLE_WHEELS; do w+=("$WH/$p"*.whl); done
+  local w=() p d=$WH
+  [ -d "$ANS_WH" ] && d=$ANS_WH
+  for p in $ANSIBLE_WHEELS; do w+=("$d/$p"*.whl); done
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$ST/ans" "${w[@]}"
 }
 
@@ -101,10 +110,18 @@ print("not healthy after %.0f s" % limit); sys.exit(2)
 EOF
 }
 
+serve_python() { # the role's venv when its install passed, else the image python + --target dir
+  if [ -f "$ST/role-ok" ]; then echo "$VENV_PY"; else echo "$PY"; fi
+}
+
+serve_env() { # PYTHONPATH for serve_python (empty for the role's venv)
+  if [ -f "$ST/role-ok" ]; then echo "PYTHONPATH="; else echo "PYTHONPATH=$ST/vsite"; fi
+}
+
 start_server() { # start_server LOG [extra vLLM args...]
   local logf=$1; shift
   date +%s >"$ST/serve.start"
-  setsid nohup env PYTHONPATH="$ST/vsite" "$PY" -m vllm.entrypoints.openai.api_server \
+  setsid nohup env "$(serve_env)" "$(serve_python)" -m vllm.entrypoints.openai.api_server \
     --model "$MODEL" --served-model-name "$NAME" --load-format dummy \
     --host 127.0.0.1 --port "$PORT" --max-model-len 4096 --gpu-memory-utilization 0.9 \
     "$@" >"$logf" 2>&1 </dev/null &
@@ -146,58 +163,69 @@ step_facts() {
   tar -C "$ST" -czf "$OUTD/facts.tar.gz" capture
 }
 
-step_install_serve() {
+step_prepare() {
   "$PY" scripts/gpu_check/check.py join-wheels "$WH" | tee "$OUTD/install.txt" || return 1
-  local t0=$SECONDS
-  mapfile -t wheels < <(vllm_wheels)
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$ST/vsite" \
-    "${wheels[@]}" "$WH"/vllm-*.whl 2>&1 | tail -5
-  log "pip --target install: $((SECONDS - t0)) s" | tee -a "$OUTD/install.txt"
-  PYTHONPATH=$ST/vsite "$PY" -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -3 | tee -a "$OUTD/install.txt"
+  mkdir -p "$ANS_WH"
+  local p
+  for p in $ANSIBLE_WHEELS; do mv "$WH/$p"*.whl "$ANS_WH/" 2>/dev/null; done
+  rm -f "$WH/manifest.json"
+  echo "wheelhouse: $(ls "$WH"/*.whl | wc -l) wheels; ansible's: $(ls "$ANS_WH" | wc -l)" | tee -a "$OUTD/install.txt"
   "$PY" scripts/gpu_check/check.py make-model "$MODEL" | tee -a "$OUTD/install.txt"
-  start_server "$ST/serve-tp1.log"
+}
 
-  # meanwhile: the vllm_install role (wheelhouse source) into its own venv
-  local torchsite base
+step_install() {
+  local torchsite
   torchsite=$("$PY" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
-  base=$("$PY" -c "import sys; print(getattr(sys, '_base_executable', sys.executable))")
-  "$PY" - "$ST/role-vars.json" "$WH" "$ST/role" "$base" "$PY" "${wheels[@]}" <<'EOF'
-import json, sys
-out, wh, root, py, ctl, wheels = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:]
-json.dump({"gpu_check_wheelhouse": wh, "gpu_check_root": root, "gpu_check_python": py,
-           "gpu_check_controller_python": ctl, "gpu_check_wheels": wheels}, open(out, "w"))
-EOF
-  ( ansible_env "$torchsite"
-    # the role bootstraps uv with plain `pip install uv==...`: point pip at the wheelhouse
-    export PIP_NO_INDEX=1 PIP_FIND_LINKS=$WH
-    t1=$SECONDS
-    ansible-playbook -i localhost, scripts/gpu_check/install.yml -e "@$ST/role-vars.json" \
-      >"$ST/role.log" 2>&1
-    echo "role rc=$? in $((SECONDS - t1)) s (PYTHONPATH for the venv: $torchsite)" >>"$ST/role.log" ) &
-  local role_pid=$!
+  "$PY" -c 'import json, sys; json.dump(dict(zip(["gpu_check_wheelhouse", "gpu_check_root", "gpu_check_python", "gpu_check_torch_site"], sys.argv[2:6])), open(sys.argv[1], "w"))' \
+    "$ST/role-vars.json" "$WH" "$ST/role" "$PY" "$torchsite"
+  install_ansible || { echo "ansible install failed"; return 1; }
+  rm -f "$ST/role-ok"
+  local t1=$SECONDS rc
+  ( ansible_env
+    ansible-playbook -i localhost, scripts/gpu_check/install.yml -e "@$ST/role-vars.json" ) >"$ST/role.log" 2>&1
+  rc=$?
+  echo "role rc=$rc in $((SECONDS - t1)) s (site dir for torch: $torchsite)" | tee -a "$ST/role.log" "$OUTD/install.txt"
+  grep -E "^(PLAY RECAP|localhost|TASK|fatal|FAILED)" "$ST/role.log" | tail -80 >"$OUTD/role-tasks.txt"
+  tail -30 "$ST/role.log" >"$OUTD/role-tail.txt"
+  if [ $rc = 0 ] && env PYTHONPATH= "$VENV_PY" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, torch.__file__)" \
+      >>"$OUTD/install.txt" 2>&1; then
+    touch "$ST/role-ok"
+    log "serving from the role's venv $(readlink -f "$ST/role/current")" | tee -a "$OUTD/install.txt"
+  else
+    log "role failed: falling back to pip --target" | tee -a "$OUTD/install.txt"
+    local wheels
+    mapfile -t wheels < <(vllm_wheels)
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$ST/vsite" \
+      "${wheels[@]}" "$WH"/vllm-*.whl 2>&1 | tail -5
+  fi
+  tar -C "$ST" -czf "$OUTD/install.tar.gz" role.log role-vars.json \
+    $(cd "$ST" && ls role/role-result.json role/venvs/*/vllm-deploy.json 2>/dev/null)
+}
 
+step_install_serve() {
+  step_prepare || return 1
+  step_install
+  start_server "$ST/serve-tp1.log"
   wait_health "${GPU_CHECK_SERVE_WAIT:-420}" | tee -a "$OUTD/install.txt"
   echo "server start to healthy: $(( $(date +%s) - $(cat "$ST/serve.start") )) s" | tee -a "$OUTD/install.txt"
-  wait "$role_pid"
-  tail -40 "$ST/role.log" >"$OUTD/role-tail.txt"
   local mem
   mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | tr -d ' ')
   "$PY" scripts/gpu_check/check.py capacity "$MODEL" "$ST/serve-tp1.log" --gpu-memory-mib "$mem" \
     --json-out "$ST/capacity-tp1.json" | tee "$OUTD/capacity.txt"
   cp "$MODEL/config.json" "$ST/model-config.json"
-  tar -C "$ST" -czf "$OUTD/install.tar.gz" serve-tp1.log role.log role-vars.json \
-    capacity-tp1.json model-config.json $(cd "$ST" && ls role/role-result.json role/venvs/*/vllm-deploy.json 2>/dev/null)
+  tar -C "$ST" -czf "$OUTD/serve-tp1.tar.gz" serve-tp1.log capacity-tp1.json model-config.json
 }
 
 step_sweep() { # step_sweep TAG LEVELS [ansible]
-  local tag=$1 levels=$2
-  export PYTHONPATH=$ST/vsite
+  local tag=$1 levels=$2 vpy
+  vpy=$(serve_python)
+  export "$(serve_env)"
   if [ "${3:-}" = ansible ] || [ "${3:-}" = ansible-only ]; then
     local lv t0=$SECONDS
     lv="[${levels}]"
-    ( ansible_env "$ST/vsite"
+    ( ansible_env
       adhoc_json "$ST/sweep-ansible-$tag.json" ansible.legacy.vllm_sweep \
-        "{\"base_url\": \"http://127.0.0.1:$PORT\", \"model\": \"$NAME\", \"levels\": $lv, \"input_len\": $ILEN, \"output_len\": $OLEN, \"duration_s\": $DUR, \"stop_on_saturation\": false, \"vocab_size\": 2048}" \
+        "{\"base_url\": \"http://127.0.0.1:$PORT\", \"model\": \"$NAME\", \"levels\": $lv, \"input_len\": $ILEN, \"output_len\": $OLEN, \"duration_s\": $DUR, \"stop_on_saturation\": false}" \
         "$PY"
       echo "ansible vllm_sweep rc=$?" )
     log "ansible sweep took $((SECONDS - t0)) s"
@@ -206,7 +234,9 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 if r.get("failed"):
     print("FAILED:", r.get("msg")); sys.exit(1)
-for lv in r["sweep"]["levels"] if "sweep" in r else r["ansible_facts"]["vllm_sweep"]["levels"]:
+facts = r["sweep"] if "sweep" in r else r["ansible_facts"]["vllm_sweep"]
+print("server:", json.dumps(facts.get("server")))
+for lv in facts["levels"]:
     sc, cl = lv["server_check"], lv["client"]
     print("C=%-4d %9.1f tok/s  TTFT p50 %8.2f ms  TPOT p50 %7.3f ms  tokens %d/%d server  cpu %.1f ms/1k  limited=%s"
           % (lv["concurrency"], lv["output_tok_s"], lv["ttft_ms"]["p50"], lv["tpot_ms"]["p50"],
@@ -215,12 +245,19 @@ for lv in r["sweep"]["levels"] if "sweep" in r else r["ansible_facts"]["vllm_swe
 EOF
   fi
   [ "${3:-}" = ansible-only ] && { tar -C "$ST" -czf "$OUTD/sweep-$tag.tar.gz" "sweep-ansible-$tag.json" "sweep-ansible-$tag.json.log"; return; }
-  GPU_CHECK_VOCAB=2048 timeout "${GPU_CHECK_BENCH_TIMEOUT:-560}" "$PY" scripts/gpu_check/bench_vocab.py --vllm-python "$PY" \
+  timeout "${GPU_CHECK_BENCH_TIMEOUT:-560}" "$PY" scripts/bench_sweep_vs_vllm.py --vllm-python "$vpy" \
     --model-dir "$MODEL" --model "$NAME" --base-url "http://127.0.0.1:$PORT" --levels "$levels" \
-    --input-len "$ILEN" --output-len "$OLEN" --duration-s "$DUR" \
+    --input-len "$ILEN" --output-len "$OLEN" --duration-s "$DUR" --vocab-size 2048 \
+    --reps "${GPU_CHECK_REPS:-3}" --time-budget-s "${GPU_CHECK_BENCH_BUDGET:-500}" \
     --json-out "$ST/bench-$tag.json" 2>&1 | tee "$OUTD/bench-$tag.txt"
   cp /tmp/bench-sweep-*/children.log "$ST/bench-children-$tag.log" 2>/dev/null
   tar -C "$ST" -czf "$OUTD/sweep-$tag.tar.gz" $(cd "$ST" && ls "bench-$tag.json" "sweep-ansible-$tag.json" "sweep-ansible-$tag.json.log" "bench-children-$tag.log" 2>/dev/null)
+}
+
+step_ttft() { # step_ttft TAG: what tokenizing a text prompt adds to TTFT, on the running server
+  "$PY" scripts/gpu_check/ttft_text_vs_ids.py --base-url "http://127.0.0.1:$PORT" --model "$NAME" \
+    --vocab-size 2048 --input-len "$ILEN" --pairs "${GPU_CHECK_TTFT_PAIRS:-40}" \
+    --json-out "$OUTD/ttft-$1.json" 2>&1 | tee "$OUTD/ttft-$1.txt"
 }
 
 step_tp2_start() {
@@ -248,14 +285,17 @@ EOF
   mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | tr -d ' ')
   "$PY" scripts/gpu_check/check.py capacity "$MODEL" "$ST/serve-tp2.log" --gpu-memory-mib "$mem" \
     --tensor-parallel 2 --json-out "$ST/capacity-tp2.json" | tee -a "$OUTD/tp2.txt"
-  tar -C "$ST" -czf "$OUTD/tp2.tar.gz" serve-tp2.log smoke-tp2.txt gpu_facts-tp2.json capacity-tp2.json
+  tar -C "$ST" -czf "$OUTD/tp2.tar.gz" serve-tp2.log smoke-tp2.txt gpu_facts-tp2.json gpu_facts-tp2.json.log capacity-tp2.json
 }
 
 case ${1:-} in
   stage) step_stage "$2" ;;
   facts) step_facts "${2:-h200}" ;;
+  prepare) step_prepare ;;
+  install) step_install ;;
   install-serve) step_install_serve ;;
   sweep) step_sweep "$2" "$3" "${4:-}" ;;
+  ttft) step_ttft "${2:-tp1}" ;;
   tp2-start) step_tp2_start ;;
   stop) stop_server ;;
   all)
