@@ -531,6 +531,8 @@ def ours_params(args, base, concurrency, vocab_size, seed, **over):
              seed=seed)
     if vocab_size:
         p["vocab_size"] = vocab_size
+    if getattr(args, "chunk_usage", False):
+        p["chunk_usage"] = True
     p.update(over)
     return p
 
@@ -818,6 +820,8 @@ def parse_args(argv):
     ap.add_argument("--reps", type=int, default=3, help="[ours, vllm] pairs per level")
     ap.add_argument("--vocab-size", type=int,
                     help="vocab_size for our client (skips its vocabulary probe)")
+    ap.add_argument("--chunk-usage", action="store_true",
+                    help="our client asks for running usage in every chunk (chunk_usage)")
     ap.add_argument("--time-budget-s", type=float,
                     help="stop starting new reps/levels when what is left would not fit")
     ap.add_argument("--json-out", help="also write all numbers here")

@@ -18,7 +18,12 @@ errors unless given; a probe whose connection drops or that gets HTTP 5xx counts
 only while the server still accepts token id 0), from a generator seeded once per run and per level, so no level reuses
 another's prompts and prefix caching cannot flatter later levels. Output length is forced with
 ``max_tokens = min_tokens = output_len`` and ``ignore_eos``; counts come from the server's
-``usage`` (``stream_options.include_usage``; ``continuous_usage_stats`` gives tokens per chunk).
+``usage`` (``stream_options.include_usage``). Every streamed chunk with a choice is a token
+chunk (as `vllm bench serve` counts them: a token may decode to no text). With ``chunk_usage``
+the server also reports running usage in every chunk (``continuous_usage_stats``), which gives
+tokens per chunk (multi-token chunks under speculative decoding) at a cost: the server builds
+and sends a usage object per token, which a real client does not ask for, and on a small model
+whose API server is the bottleneck that lowers the throughput being measured.
 
 The client records its CPU time (``time.process_time``) and the lag of its event loop (a
 ticker task) and marks a level ``client_limited`` when the loop lag p99 exceeds
@@ -254,9 +259,11 @@ class Sweep(object):
     def _body(self, rng):
         p = self.p
         n = p["output_len"]
+        stream_options = {"include_usage": True}
+        if p.get("chunk_usage"):
+            stream_options["continuous_usage_stats"] = True
         body = {"model": p["model"], "max_tokens": n, "min_tokens": n, "ignore_eos": True,
-                "temperature": 0.0, "stream": True,
-                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+                "temperature": 0.0, "stream": True, "stream_options": stream_options}
         if p["endpoint"] == "chat":
             words = " ".join(rng.choice(CHAT_WORDS) for _ in range(p["input_len"]))
             body["messages"] = [{"role": "user", "content": words}]
@@ -305,11 +312,12 @@ class Sweep(object):
                                     if rec.chunk_tokens is not None:
                                         rec.chunk_tokens.append(ct - last_ct)
                                     last_ct = ct
-                            else:
-                                c = obj["choices"][0]
-                                if c.get("text") or (c.get("delta") or {}).get("content"):
+                            else:  # a token chunk; how many tokens it holds is unknown
+                                d = obj["choices"][0].get("delta")
+                                # (chat: not the opening chunk that only names the role)
+                                if d is None or "role" not in d or d.get("content"):
                                     rec.chunk_times.append(now)
-                                    rec.chunk_tokens = None  # tokens per chunk unknown
+                                    rec.chunk_tokens = None
                         elif u is not None:
                             usage = u
                     if done:

@@ -125,6 +125,17 @@ options:
   metrics_url:
     description: Prometheus endpoint for the server cross-check. Default I(base_url)C(/metrics).
     type: str
+  chunk_usage:
+    description:
+      - Ask the server for running usage in every streamed chunk
+        (C(stream_options.continuous_usage_stats)), which gives the tokens of each chunk
+        (C(chunk_tokens) in the request log; multi-token chunks under speculative decoding).
+      - Off by default, like C(vllm bench serve) and real clients: the server then builds one
+        usage object per token, and where its API server is the bottleneck (a small model, a
+        fast GPU) that extra work lowers the throughput being measured. Output token counts
+        and TPOT come from the final usage either way.
+    type: bool
+    default: false
   vocab_size:
     description:
       - Token ids for prompts are drawn from C([0, vocab_size)).
@@ -252,6 +263,7 @@ def main():
             request_log_path=dict(type="path"),
             metrics_url=dict(type="str"),
             vocab_size=dict(type="int"),
+            chunk_usage=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )

@@ -26,7 +26,9 @@
 # back-to-back calls on the same machine); results go to $OUT (the device tool's folder) or
 # $GPU_CHECK_OUT. Environment knobs: GPU_CHECK_WHEELHOUSE (/tmp/wh), GPU_CHECK_PYTHON (python3,
 # the image's python that holds torch 2.11.0), GPU_CHECK_PORT (8000), GPU_CHECK_SERVE_WAIT (420),
-# GPU_CHECK_DURATION (8, seconds per level), GPU_CHECK_INPUT_LEN/OUTPUT_LEN (128/128).
+# GPU_CHECK_DURATION (8, seconds per level), GPU_CHECK_INPUT_LEN/OUTPUT_LEN (128/128), GPU_CHECK_REPS (3),
+# GPU_CHECK_BENCH_BUDGET (500 s), GPU_CHECK_BENCH_ARGS (more bench_sweep_vs_vllm.py arguments),
+# GPU_CHECK_SKIP_ROLE (install with pip --target instead of the role).
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
@@ -180,10 +182,14 @@ step_install() {
     "$ST/role-vars.json" "$WH" "$ST/role" "$PY" "$torchsite"
   install_ansible || { echo "ansible install failed"; return 1; }
   rm -f "$ST/role-ok"
-  local t1=$SECONDS rc
-  ( ansible_env
-    ansible-playbook -i localhost, scripts/gpu_check/install.yml -e "@$ST/role-vars.json" ) >"$ST/role.log" 2>&1
-  rc=$?
+  local t1=$SECONDS rc=skipped
+  if [ -z "${GPU_CHECK_SKIP_ROLE:-}" ]; then
+    ( ansible_env
+      ansible-playbook -i localhost, scripts/gpu_check/install.yml -e "@$ST/role-vars.json" ) >"$ST/role.log" 2>&1
+    rc=$?
+  else
+    echo "GPU_CHECK_SKIP_ROLE set: no role run" >"$ST/role.log"
+  fi
   echo "role rc=$rc in $((SECONDS - t1)) s (site dir for torch: $torchsite)" | tee -a "$ST/role.log" "$OUTD/install.txt"
   grep -E "^(PLAY RECAP|localhost|TASK|fatal|FAILED)" "$ST/role.log" | tail -80 >"$OUTD/role-tasks.txt"
   tail -30 "$ST/role.log" >"$OUTD/role-tail.txt"
@@ -248,7 +254,7 @@ EOF
   timeout "${GPU_CHECK_BENCH_TIMEOUT:-560}" "$PY" scripts/bench_sweep_vs_vllm.py --vllm-python "$vpy" \
     --model-dir "$MODEL" --model "$NAME" --base-url "http://127.0.0.1:$PORT" --levels "$levels" \
     --input-len "$ILEN" --output-len "$OLEN" --duration-s "$DUR" --vocab-size 2048 \
-    --reps "${GPU_CHECK_REPS:-3}" --time-budget-s "${GPU_CHECK_BENCH_BUDGET:-500}" \
+    --reps "${GPU_CHECK_REPS:-3}" --time-budget-s "${GPU_CHECK_BENCH_BUDGET:-500}" ${GPU_CHECK_BENCH_ARGS:-} \
     --json-out "$ST/bench-$tag.json" 2>&1 | tee "$OUTD/bench-$tag.txt"
   cp /tmp/bench-sweep-*/children.log "$ST/bench-children-$tag.log" 2>/dev/null
   tar -C "$ST" -czf "$OUTD/sweep-$tag.tar.gz" $(cd "$ST" && ls "bench-$tag.json" "sweep-ansible-$tag.json" "sweep-ansible-$tag.json.log" "bench-children-$tag.log" 2>/dev/null)

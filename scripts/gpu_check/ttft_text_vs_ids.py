@@ -44,7 +44,7 @@ def post_json(base, path, body):
 
 
 def ttft_ms(base, model, prompt, output_len):
-    """(TTFT ms, prompt tokens) of one streamed completion: first chunk with text."""
+    """(TTFT ms, prompt tokens) of one streamed completion: first chunk with a choice."""
     body = {"model": model, "prompt": prompt, "max_tokens": output_len, "stream": True,
             "ignore_eos": True, "temperature": 0.0,
             "stream_options": {"include_usage": True}}
@@ -65,7 +65,9 @@ def ttft_ms(base, model, prompt, output_len):
             if data == b"[DONE]":
                 break
             chunk = json.loads(data)
-            if first is None and any(ch.get("text") for ch in chunk.get("choices") or []):
+            # the first chunk with a choice, as vllm bench counts it (a dummy-weight model's
+            # tokens may decode to no text)
+            if first is None and chunk.get("choices"):
                 first = time.perf_counter()
             if chunk.get("usage"):
                 usage = chunk["usage"]

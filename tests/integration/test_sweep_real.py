@@ -132,8 +132,31 @@ def test_sweep_counts_match_server_and_lengths_are_exact(server):
     for r in rows:
         assert r["error"] is None
         assert r["completion_tokens"] == 24 and r["prompt_tokens"] == 32
-        assert sum(r["chunk_tokens"]) == 24  # running usage per chunk adds up
+        # no running usage asked for (the default): tokens per chunk unknown; every chunk
+        # with a choice counts, whether or not its token decodes to text
+        assert r["chunk_tokens"] is None
+        assert 0 < len(r["chunk_times_s"]) <= 24
+    # this server streams (nearly) one token per chunk
+    assert sum(len(r["chunk_times_s"]) for r in rows) >= 0.9 * 24 * len(rows)
     assert {r["phase"] for r in rows} >= {"warmup", "window"}
+
+
+def test_chunk_usage_gives_tokens_per_chunk(server):
+    log_path = str(server["tmp"] / "chunk-usage.jsonl")
+    res, _ = run_module({
+        "base_url": server["base"], "model": "tiny", "api_key": API_KEY, "levels": [2],
+        "input_len": 16, "output_len": 12, "duration_s": 2, "chunk_usage": True,
+        "request_log_path": log_path,
+    })
+    assert not res.get("failed"), res.get("msg")
+    level = res["ansible_facts"]["vllm_sweep"]["levels"][0]
+    assert level["server_check"]["match"] is True
+    with open(log_path) as f:
+        rows = [json.loads(line) for line in f]
+    assert rows
+    for r in rows:
+        assert sum(r["chunk_tokens"]) == 12  # running usage per chunk adds up
+        assert len(r["chunk_tokens"]) == len(r["chunk_times_s"])
 
 
 def test_wrong_model_name_lists_served_names(server):
