@@ -84,6 +84,26 @@ def test_short_commit_is_refused(tmp_path):
     assert "9 characters" in out
 
 
+def test_missing_site_dir_is_refused(tmp_path):
+    rc, out = run_deploy(tmp_path, LOCAL, {"vllm_install_site_dirs": [str(tmp_path / "no-torch")]})
+    assert_refused_before_converge(rc, out)
+    assert "vllm_install_site_dirs must be existing directories" in out
+    assert str(tmp_path / "no-torch") in out
+
+
+def test_no_deps_wheelhouse_without_the_vllm_wheel_is_refused(tmp_path):
+    wh = tmp_path / "wheelhouse"
+    wh.mkdir()
+    (wh / "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    (wh / "uv-0.13.9-py3-none-manylinux_2_17_x86_64.whl").write_bytes(b"")
+    rc, out = run_deploy(tmp_path, LOCAL, {"vllm_install_cpu_version": "",
+                                           "vllm_install_wheelhouse": str(wh),
+                                           "vllm_install_wheelhouse_version": "0.25.0",
+                                           "vllm_install_wheelhouse_no_deps": True})
+    assert_refused_before_converge(rc, out)
+    assert "vllm_install_wheelhouse has no vllm wheel of version 0.25.0 (present: 0.24.0)" in out
+
+
 def test_unknown_profile_lists_the_known_ones(tmp_path):
     rc, out = run_deploy(tmp_path, LOCAL, {"vllm_service_profile": "no-such-model"})
     assert_refused_before_converge(rc, out)
