@@ -141,6 +141,7 @@ def ours_record(result, cpu_s, wall_s, before=None, after=None):
         "requests_failed": lv.get("requests_failed"),
         "request_s": lv.get("request_s"), "window_s": lv.get("window_s"),
         "seed": (result.get("parameters") or {}).get("seed"),
+        "event_loop": (result.get("client") or {}).get("event_loop"),
     }
 
 
@@ -533,6 +534,8 @@ def ours_params(args, base, concurrency, vocab_size, seed, **over):
         p["vocab_size"] = vocab_size
     if getattr(args, "chunk_usage", False):
         p["chunk_usage"] = True
+    if getattr(args, "event_loop", None):
+        p["event_loop"] = args.event_loop
     p.update(over)
     return p
 
@@ -777,6 +780,11 @@ def format_report(report, tolerance=TOLERANCE, cpu_ratio_max=CPU_RATIO_MAX):
                              "cost per run %s CPU-s" % (
                                  name, rd.get("startup_cpu_s", 0), rd.get("startup_wall_s", 0),
                                  fmt(wu.get("cpu_s"), "%.3f"), fmt(fx.get("cpu_s"), "%.3f")))
+    loops = sorted(set(r.get("event_loop") for level in report["levels"]
+                       for r in level.get("runs", []) if r.get("tool") == "ours"
+                       and r.get("event_loop")))
+    if loops:
+        lines.append("our client's event loop: %s" % ", ".join(loops))
     lines.append("")
     for level in report["levels"]:
         v, c = level["verdicts"], level["concurrency"]
@@ -820,6 +828,8 @@ def parse_args(argv):
     ap.add_argument("--reps", type=int, default=3, help="[ours, vllm] pairs per level")
     ap.add_argument("--vocab-size", type=int,
                     help="vocab_size for our client (skips its vocabulary probe)")
+    ap.add_argument("--event-loop", choices=["auto", "asyncio", "uvloop"],
+                    help="our client's event loop (event_loop; default auto)")
     ap.add_argument("--chunk-usage", action="store_true",
                     help="our client asks for running usage in every chunk (chunk_usage)")
     ap.add_argument("--time-budget-s", type=float,

@@ -137,6 +137,14 @@ options:
         either way.
     type: bool
     default: false
+  event_loop:
+    description:
+      - The client's event loop. C(auto) takes uvloop when the interpreter can import it (the
+        vLLM venv can, vLLM depends on it) and is Python 3.11 or newer, else asyncio's own.
+      - The results name the loop used (C(client.event_loop)).
+    type: str
+    choices: [auto, asyncio, uvloop]
+    default: auto
   vocab_size:
     description:
       - Token ids for prompts are drawn from C([0, vocab_size)).
@@ -265,6 +273,7 @@ def main():
             metrics_url=dict(type="str"),
             vocab_size=dict(type="int"),
             chunk_usage=dict(type="bool", default=False),
+            event_loop=dict(type="str", default="auto", choices=["auto", "asyncio", "uvloop"]),
         ),
         supports_check_mode=True,
     )

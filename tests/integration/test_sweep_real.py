@@ -125,6 +125,8 @@ def test_sweep_counts_match_server_and_lengths_are_exact(server):
         assert chk["client_output_tokens"] == 24 * s["requests_total"]
         assert chk["client_prompt_tokens"] == 32 * s["requests_total"]
     assert sweep["headline"]["single_stream_tok_s"] == sweep["levels"][0]["output_tok_s"]
+    # the vLLM venv has uvloop (a vLLM requirement) and Python 3.11: "auto" takes it
+    assert sweep["client"]["event_loop"] == "uvloop"
     assert "api_key" not in sweep["parameters"]
     with open(log_path) as f:
         rows = [json.loads(line) for line in f]

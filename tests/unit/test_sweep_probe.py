@@ -9,6 +9,7 @@ import asyncio
 import json
 import socket
 import struct
+import sys
 import threading
 
 import pytest
@@ -265,3 +266,25 @@ def test_module_reports_an_unwritable_log_as_request_log_path(server, tmp_path, 
                       "request_log_path": path}, capsys)
     assert out["failed"] is True
     assert out["msg"].startswith("request_log_path %s: " % path)
+
+
+# --- the client's event loop ------------------------------------------------------------------
+def test_loop_factory_choices(monkeypatch):
+    import types
+    from ansible.module_utils.sweep_client import loop_factory
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # not importable
+    assert loop_factory("asyncio") is None
+    assert loop_factory("auto") is None
+    with pytest.raises(SweepError, match="event_loop=uvloop but uvloop is not importable"):
+        loop_factory("uvloop")
+    fake = types.ModuleType("uvloop")
+    fake.new_event_loop = asyncio.new_event_loop
+    monkeypatch.setitem(sys.modules, "uvloop", fake)
+    assert loop_factory("auto") is fake.new_event_loop
+    assert loop_factory("uvloop") is fake.new_event_loop
+    assert loop_factory("asyncio") is None
+
+
+def test_run_sweep_refuses_an_unknown_loop_before_sending_anything():
+    with pytest.raises(SweepError, match="event_loop must be auto, asyncio or uvloop, got 'trio'"):
+        run_sweep(params("http://127.0.0.1:9", event_loop="trio"))
