@@ -308,8 +308,9 @@ case ${1:-} in
     step_facts "${2:-h200}"
     step_install_serve
     step_sweep tp1 1,2,4,8,16,32,64,128 ansible
+    step_ttft tp1
     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-      step_tp2_start && step_sweep tp2 1,2,4,8,16,32,64,128 ansible
+      step_tp2_start && step_sweep tp2 1,2,4,8,16,32,64,128 ansible && step_ttft tp2
     fi
     stop_server ;;
   *) sed -n '2,24p' "$0"; exit 2 ;;
