@@ -46,6 +46,7 @@ import random
 import resource
 import select
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -90,11 +91,8 @@ def choose_num_prompts(concurrency, prev_ours=None, duration_s=None):
 
 
 def median(values):
-    xs = sorted(v for v in values if v is not None)
-    if not xs:
-        return None
-    mid = len(xs) // 2
-    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2.0
+    xs = [v for v in values if v is not None]
+    return statistics.median(xs) if xs else None
 
 
 def spread(values):

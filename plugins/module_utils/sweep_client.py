@@ -472,20 +472,10 @@ class Sweep(object):
                 except (IOError, OSError) as e:
                     raise RequestLogError("request_log_path %s: %s" % (log_path, e))
             try:
-                result = await self._levels(log, cpu0, log_path)
-            except BaseException:
+                return await self._levels(log, cpu0, log_path)
+            finally:
                 if log is not None:
-                    try:
-                        log.close()
-                    except (IOError, OSError):
-                        pass  # the error in flight says more
-                raise
-            if log is not None:
-                try:
-                    log.close()
-                except (IOError, OSError) as e:
-                    raise RequestLogError("request_log_path %s: %s" % (log_path, e))
-            return result
+                    log.close()  # write_log flushed every level: nothing is left to fail
 
     async def _levels(self, log, cpu0, log_path=None):
         levels, prev, stop_reason, signals = [], None, None, []
@@ -562,9 +552,9 @@ def run_sweep(params, request_log_path=None):
     subclass RequestLogError when the request log cannot be opened or written)."""
     if not HAS_AIOHTTP:
         raise SweepError("aiohttp is not importable by %s" % sys.executable)
-    check_params(params)
+    sweep = Sweep(params)  # validates the parameters
     factory = loop_factory(params.get("event_loop") or "auto")
-    coro = Sweep(params).run(log_path=request_log_path)
+    coro = sweep.run(log_path=request_log_path)
     if factory is None:
         return asyncio.run(coro)
     with asyncio.Runner(loop_factory=factory) as runner:
