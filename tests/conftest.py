@@ -1,17 +1,17 @@
-"""Shared pytest set-up: make the repo's module_utils importable as ansible.module_utils.*"""
+"""Shared pytest set-up: the repository's collections path on sys.path.
+
+collections/ansible_collections/vllm_ops/deploy links to the repository root, so the
+collection's code imports as ``ansible_collections.vllm_ops.deploy.plugins...``, exactly as
+Ansible loads it (module_utils import each other that way too).
+"""
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODULE_UTILS = os.path.join(ROOT, "plugins", "module_utils")
-MODULES = os.path.join(ROOT, "plugins", "modules")
+COLLECTIONS = os.path.join(ROOT, "collections")
 
-import ansible.module_utils  # noqa: E402  (needs ansible-core in the tools venv)
-
-if MODULE_UTILS not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(MODULE_UTILS)
-if MODULES not in sys.path:
-    sys.path.insert(0, MODULES)
+if COLLECTIONS not in sys.path:
+    sys.path.insert(0, COLLECTIONS)
 
 
 # --- under CI, a skipped real-component test is a failure -----------------------------

@@ -72,13 +72,13 @@ def deploy(inventory, limit: Optional[str] = None, extravars: Optional[Dict[str,
            tags: Optional[Iterable[str]] = None, on_event: Optional[EventCallback] = None, *,
            check: bool = True, timeout: Optional[int] = None,
            keep_artifacts: bool = False) -> DeployResult:
-    """Converge the inventory's vllm_hosts with playbooks/deploy.yml.
+    """Converge the inventory's vllm_hosts with the playbook vllm_ops.deploy.deploy.
 
     Returns a DeployResult (rc, status, per-host stats and facts). With check=True (the
     default) a failed or unreachable host raises PlaybookFailed, whose .result is the same
     DeployResult and whose .failures name each host and task.
     """
-    runner, collector, info = run_playbook("deploy.yml", inventory, limit=limit,
+    runner, collector, info = run_playbook("vllm_ops.deploy.deploy", inventory, limit=limit,
                                            extravars=extravars, tags=tags, on_event=on_event,
                                            timeout=timeout, keep_artifacts=keep_artifacts)
     return _build(DeployResult, runner, collector, info, check)
@@ -89,7 +89,7 @@ def sweep(inventory, limit: Optional[str] = None, levels=None, *,
           duration_s: Optional[int] = None, extravars: Optional[Dict[str, Any]] = None,
           on_event: Optional[EventCallback] = None, check: bool = True,
           timeout: Optional[int] = None, keep_artifacts: bool = False) -> SweepResult:
-    """Measure the endpoints again: playbooks/deploy.yml with vllm_benchmark_force=true.
+    """Measure the endpoints again: vllm_ops.deploy.deploy with vllm_benchmark_force=true.
 
     The converge part is idempotent (a deployed host is left as it is), so the results
     describe the configuration in the inventory, with the same fingerprint and provenance
@@ -106,7 +106,7 @@ def sweep(inventory, limit: Optional[str] = None, levels=None, *,
             if not isinstance(value, list) and int(value) < 1:
                 raise UsageError("%s must be a positive integer, got %r" % (key, value))
             ev[key] = value
-    runner, collector, info = run_playbook("deploy.yml", inventory, limit=limit, extravars=ev,
+    runner, collector, info = run_playbook("vllm_ops.deploy.deploy", inventory, limit=limit, extravars=ev,
                                            on_event=on_event, timeout=timeout,
                                            keep_artifacts=keep_artifacts)
     hosts = _host_results(collector)
@@ -119,9 +119,9 @@ def status(inventory, limit: Optional[str] = None, *, extravars: Optional[Dict[s
            on_event: Optional[EventCallback] = None, check: bool = True,
            timeout: Optional[int] = None) -> StatusResult:
     """Per host: the unit's state, /health, the served model, installed versions (read only,
-    playbooks/status.yml). An unreachable host is reported with reachable=False (and, with
+    vllm_ops.deploy.status). An unreachable host is reported with reachable=False (and, with
     check=True, raises PlaybookFailed after the others were read)."""
-    runner, collector, info = run_playbook("status.yml", inventory, limit=limit,
+    runner, collector, info = run_playbook("vllm_ops.deploy.status", inventory, limit=limit,
                                            extravars=extravars, on_event=on_event,
                                            timeout=timeout)
     by_host = {}

@@ -1,12 +1,13 @@
 """Running the repo's playbooks through ansible-runner: preflight checks, environment, events.
 
-Traps handled here (field notes §9): the event handler returns True (else runner keeps no
-events and ``stats`` comes back empty); runner forces its own stdout callback and a JSON fact
-cache; its working directory is ``project_dir``; an ``inventory/`` inside ``private_data_dir``
-would be picked up silently (ours is a fresh temporary directory without one, and the
-caller's inventory is passed in place with ``-i``); it sets no collections path, so the
-config file and every plugin path go through ``envvars``. Runner puts a dict of extravars on
-the command line (argv, visible in ``ps``): we write them to ``env/extravars`` (0600) in the
+ansible-runner's behaviour this module relies on or works around: the event handler returns
+True (else runner keeps no events and ``stats`` comes back empty); runner forces its own stdout
+callback and a JSON fact cache; its working directory is ``project_dir``; an ``inventory/``
+inside ``private_data_dir`` would be picked up silently (ours is a fresh temporary directory
+without one, and the caller's inventory is passed in place with ``-i``); it sets no collections
+path, so the repository's ansible.cfg and collections path (where this checkout is the
+collection vllm_ops.deploy) go through ``envvars``. Runner puts a dict of extravars on the
+command line (argv, visible in ``ps``): we write them to ``env/extravars`` (0600) in the
 temporary directory instead, which runner passes as ``-e @file``.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .errors import AnsibleNotAvailable, InventoryNotFound, UnknownProfile, Unkn
 from .events import EventCollector
 
 SPECIAL_TAGS = ("all", "always", "never", "tagged", "untagged")
+COLLECTION = "vllm_ops.deploy"  # this checkout, through collections/ansible_collections/
 EventCallback = Callable[[Dict[str, Any]], None]
 
 
@@ -40,13 +42,10 @@ def project_root() -> str:
 
 
 def envvars(root: str) -> Dict[str, str]:
-    """Ansible settings for a run, as absolute paths (runner sets no collections path)."""
+    """Ansible settings for a run, as absolute paths: the repository's ansible.cfg and its
+    collections path, through which the checkout is the collection vllm_ops.deploy."""
     env = {
         "ANSIBLE_CONFIG": os.path.join(root, "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": os.path.join(root, "roles"),
-        "ANSIBLE_LIBRARY": os.path.join(root, "plugins", "modules"),
-        "ANSIBLE_MODULE_UTILS": os.path.join(root, "plugins", "module_utils"),
-        "ANSIBLE_FILTER_PLUGINS": os.path.join(root, "plugins", "filter"),
         "ANSIBLE_COLLECTIONS_PATH": os.path.join(root, "collections"),
         "ANSIBLE_FORCE_COLOR": "false",
         "ANSIBLE_NOCOLOR": "true",
@@ -123,15 +122,33 @@ def _tags_in(node, out: set) -> None:
             _tags_in(value, out)
 
 
+def _own(name: Optional[str]) -> Optional[str]:
+    """The short name of one of this collection's roles or playbooks given by FQCN (any
+    other name, e.g. another collection's, is None)."""
+    prefix = COLLECTION + "."
+    if isinstance(name, str) and name.startswith(prefix):
+        return name[len(prefix):]
+    return None
+
+
+def playbook_path(root: str, name: str) -> str:
+    """playbooks/<name>.yml of the collection for an FQCN (vllm_ops.deploy.deploy) or a short
+    name (deploy, deploy.yml)."""
+    short = _own(name) or name
+    if short.endswith((".yml", ".yaml")):
+        short = short.rsplit(".", 1)[0]
+    return os.path.join(root, "playbooks", short + ".yml")
+
+
 def _role_names(node, out: set) -> None:
     if isinstance(node, dict):
         for key in ("roles",):
             for role in node.get(key) or []:
-                out.add(role if isinstance(role, str) else role.get("role") or role.get("name"))
+                out.add(_own(role if isinstance(role, str) else role.get("role") or role.get("name")))
         for key in ("ansible.builtin.include_role", "ansible.builtin.import_role",
                     "include_role", "import_role"):
             if isinstance(node.get(key), dict) and isinstance(node[key].get("name"), str):
-                out.add(node[key]["name"])
+                out.add(_own(node[key]["name"]))
         for value in node.values():
             _role_names(value, out)
     elif isinstance(node, list):
@@ -141,8 +158,9 @@ def _role_names(node, out: set) -> None:
 
 def known_tags(root: str, playbook: str) -> List[str]:
     """Tags a playbook knows: its plays' and roles' tags, and the tags in those roles' tasks
-    (static read of the YAML; templated role names, e.g. a looped include_role, are covered
-    by also reading every role in roles/)."""
+    (static read of the YAML; roles and imported playbooks by their FQCN in this collection;
+    templated role names, e.g. a looped include_role, are covered by also reading every role
+    in roles/)."""
     tags: set = set()
     seen: set = set()
     roles: set = set()
@@ -158,7 +176,9 @@ def known_tags(root: str, playbook: str) -> List[str]:
         for play in doc if isinstance(doc, list) else []:
             for key in ("ansible.builtin.import_playbook", "import_playbook"):
                 if isinstance(play, dict) and isinstance(play.get(key), str):
-                    read_playbook(os.path.join(os.path.dirname(path), play[key]))
+                    target = play[key]
+                    read_playbook(playbook_path(root, target) if _own(target)
+                                  else os.path.join(os.path.dirname(path), target))
 
     read_playbook(playbook)
     role_dirs = {r for r in roles if r and "{{" not in r}
@@ -187,11 +207,13 @@ def run_playbook(playbook: str, inventory, *, limit: Optional[str] = None,
                  extravars: Optional[Dict[str, Any]] = None, tags: Optional[Iterable[str]] = None,
                  on_event: Optional[EventCallback] = None, timeout: Optional[int] = None,
                  keep_artifacts: bool = False, verbosity: int = 0):
-    """Run playbooks/<playbook> on the caller's inventory; returns (runner, collector, info)."""
+    """Run the collection's playbook ``playbook`` (vllm_ops.deploy.<name>, from playbooks/)
+    on the caller's inventory; returns (runner, collector, info)."""
     root = project_root()
-    path = os.path.join(root, "playbooks", playbook)
+    path = playbook_path(root, playbook)
     if not os.path.isfile(path):
         raise UsageError("no playbook %s in %s" % (playbook, root))
+    fqcn = "%s.%s" % (COLLECTION, os.path.basename(path)[:-4])
     sources = check_inventory(inventory)
     tag_arg = check_tags(root, path, list(tags) if tags is not None and not isinstance(tags, str)
                          else tags)
@@ -225,7 +247,7 @@ def run_playbook(playbook: str, inventory, *, limit: Optional[str] = None,
             with os.fdopen(fd, "w") as f:
                 json.dump(extravars, f)
         runner = ansible_runner.run(
-            private_data_dir=pdd, project_dir=root, playbook=path,
+            private_data_dir=pdd, project_dir=root, playbook=fqcn,
             inventory=sources if len(sources) > 1 else sources[0],
             limit=limit, tags=tag_arg, envvars=env, quiet=True,
             event_handler=handler, cancel_callback=lambda: bool(callback_error),
@@ -235,6 +257,6 @@ def run_playbook(playbook: str, inventory, *, limit: Optional[str] = None,
             shutil.rmtree(pdd, ignore_errors=True)
     if callback_error:
         raise callback_error[0]
-    info = {"playbook": "playbooks/" + playbook, "duration_s": round(time.time() - started, 1),
+    info = {"playbook": fqcn, "duration_s": round(time.time() - started, 1),
             "private_data_dir": pdd if keep_artifacts else None}
     return runner, collector, info

@@ -45,7 +45,7 @@ except ImportError:  # the module reports this with the interpreter's path
     aiohttp = None
     HAS_AIOHTTP = False
 
-from ansible.module_utils.sweep_metrics import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import (
     Record, headline, percentile, saturation_check, server_counters, server_cross_check,
     summarize_level,
 )

@@ -14,7 +14,7 @@ import json
 import posixpath
 import re
 
-from ansible.module_utils.vllm_source import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_source import (
     SourceError, index_url, install_command, metadata_url, select_wheel,
     validate_source, variant_missing_message, variants_from_project_list,
     version_matches_pin)

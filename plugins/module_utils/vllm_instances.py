@@ -25,12 +25,8 @@ from __future__ import annotations
 import copy
 import re
 
-try:
-    from ansible.module_utils.vllm_profile import (ProfileError, _check_secrets_in_args,
-                                                   parse_flags, render_argv, validate_env)
-except ImportError:  # loaded by path from a controller-side filter (plugins/filter/vllm_profile.py)
-    from _vllm_deploy_vllm_profile import (ProfileError, _check_secrets_in_args,  # noqa
-                                           parse_flags, render_argv, validate_env)
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_profile import (
+    ProfileError, _check_secrets_in_args, parse_flags, render_argv, validate_env)
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 ENTRYPOINT = ["-m", "vllm.entrypoints.openai.api_server"]

@@ -60,13 +60,13 @@ author:
 
 EXAMPLES = r"""
 - name: Reconcile flashinfer extras in the vLLM venv
-  ansible.legacy.flashinfer_reconcile:
+  vllm_ops.deploy.flashinfer_reconcile:
     mode: match
   vars:
     ansible_python_interpreter: /opt/vllm/current/bin/python
 
 - name: Air-gapped host, cubin and jit-cache from a local wheel directory
-  ansible.legacy.flashinfer_reconcile:
+  vllm_ops.deploy.flashinfer_reconcile:
     cubin_index_url: ""
     jit_cache_index_url: ""
     pip_extra_args: [--no-index, --find-links, /srv/wheels]
@@ -123,7 +123,7 @@ import subprocess
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.flashinfer_reconcile import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.flashinfer_reconcile import (
     DEFAULT_CUBIN_INDEX_URL, DEFAULT_JIT_CACHE_INDEX_URL, PACKAGES, ReconcileError,
     action_argv, describe, plan_reconcile, public_actions, torch_cuda_version)
 

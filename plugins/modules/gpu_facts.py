@@ -79,7 +79,7 @@ author:
 
 EXAMPLES = r"""
 - name: Read GPU facts
-  ansible.legacy.gpu_facts:
+  vllm_ops.deploy.gpu_facts:
     nccl_profile: throughput
     cuda_version: "13.0"
     tensor_parallel: 2
@@ -91,7 +91,7 @@ EXAMPLES = r"""
     fail_msg: "{{ ansible_facts.gpu_facts.preflight_errors | join('; ') }}"
 
 - name: Keep P2P on, whatever the profile says
-  ansible.legacy.gpu_facts:
+  vllm_ops.deploy.gpu_facts:
     nccl_profile: throughput
     nccl_overrides:
       NCCL_P2P_DISABLE: null
@@ -140,8 +140,8 @@ import os
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpu_topology import NvidiaSmiParseError, QUERY_GPU_ARGS, build_facts
-from ansible.module_utils.nccl_env import derive, preflight
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.gpu_topology import NvidiaSmiParseError, QUERY_GPU_ARGS, build_facts
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.nccl_env import derive, preflight
 
 
 def _read(path):

@@ -110,7 +110,7 @@ notes:
 
 EXAMPLES = r"""
 - name: Fetch MiniMax-M2.5 at a pinned commit (downloader venv interpreter)
-  ansible.legacy.hf_model_download:
+  vllm_ops.deploy.hf_model_download:
     repo_id: MiniMaxAI/MiniMax-M2.5
     revision: "<40-hex commit sha>"
     local_dir: /srv/models/MiniMax-M2.5
@@ -122,7 +122,7 @@ EXAMPLES = r"""
     ansible_python_interpreter: /opt/hf-downloader/bin/python
 
 - name: Drop the FP8 KV-cache scheme declared by the checkpoint (SM120)
-  ansible.legacy.hf_model_download:
+  vllm_ops.deploy.hf_model_download:
     repo_id: org/model-fp8
     revision: main
     local_dir: /srv/models/model-fp8
@@ -209,7 +209,7 @@ import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.hf_weights import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.hf_weights import (
     HfWeightsError, build_manifest, bytes_missing, discard_damaged, disk_preflight,
     file_complete, free_bytes, incomplete_bytes, remove_incomplete,
     is_commit_sha, manifest_matches, normalize_overrides, normalize_patterns, plan_overrides,

@@ -79,7 +79,7 @@ elapsed_s:
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.ray_status import (NODE_TABLE_SCRIPT, RayStatusError, check_cluster,
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.ray_status import (NODE_TABLE_SCRIPT, RayStatusError, check_cluster,
                                              parse_node_table, validate_expected)
 
 

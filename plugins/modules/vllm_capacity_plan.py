@@ -9,7 +9,7 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.capacity_plan import GIB, PlanError, plan
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.capacity_plan import GIB, PlanError, plan
 
 DOCUMENTATION = r"""
 ---
@@ -107,7 +107,7 @@ author:
 
 EXAMPLES = r"""
 - name: Plan MiniMax-M2.5 on four 96 GB cards
-  ansible.legacy.vllm_capacity_plan:
+  vllm_ops.deploy.vllm_capacity_plan:
     config_path: /srv/models/MiniMax-M2.5/config.json
     weights_dir: /srv/models/MiniMax-M2.5
     gpu_memory_mib: 97887

@@ -23,7 +23,7 @@ author:
 
 EXAMPLES = r"""
 - name: Read what the venv holds
-  ansible.legacy.vllm_install_facts:
+  vllm_ops.deploy.vllm_install_facts:
   vars:
     ansible_python_interpreter: /opt/vllm/current/bin/python
 
@@ -69,7 +69,7 @@ import platform
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.flashinfer_reconcile import torch_cuda_version
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.flashinfer_reconcile import torch_cuda_version
 
 try:
     import importlib.metadata as metadata

@@ -139,7 +139,7 @@ author:
 
 EXAMPLES = r"""
 - name: Plan a nightly install (metadata fetched before)
-  ansible.legacy.vllm_install_plan:
+  vllm_ops.deploy.vllm_install_plan:
     commit: 739e5945d2f3b1c4e5a6b7c8d9e0f1a2b3c4d5e6
     variant: cu130
     root: /opt/vllm-deploy
@@ -148,7 +148,7 @@ EXAMPLES = r"""
   register: _plan
 
 - name: Plan an air-gapped install of every wheel of a directory, reusing the image's torch
-  ansible.legacy.vllm_install_plan:
+  vllm_ops.deploy.vllm_install_plan:
     wheelhouse_dir: /srv/wheels
     wheelhouse_package: vllm
     wheelhouse_version: 0.25.0
@@ -158,7 +158,7 @@ EXAMPLES = r"""
     uv: /opt/vllm-deploy/tools/uv-0.13.9/bin/uv
 
 - name: Check what got installed
-  ansible.legacy.vllm_install_plan:
+  vllm_ops.deploy.vllm_install_plan:
     cpu_version: "0.32.0"
     root: /opt/vllm-deploy
     installed_version: 0.32.0+cpu
@@ -205,8 +205,8 @@ import platform
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vllm_install_plan import check_installed, plan
-from ansible.module_utils.vllm_source import SourceError
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_install_plan import check_installed, plan
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_source import SourceError
 
 SOURCE_KEYS = ("commit", "variant", "pypi_version", "wheel_url", "wheelhouse_dir",
                "wheelhouse_package", "wheelhouse_version", "cpu_version")

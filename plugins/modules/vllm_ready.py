@@ -71,7 +71,7 @@ author: vllm-deploy
 
 EXAMPLES = r"""
 - name: Wait until the endpoint serves
-  ansible.legacy.vllm_ready:
+  vllm_ops.deploy.vllm_ready:
     url: http://127.0.0.1:8000
     model: tiny
     unit: vllm-main.service
@@ -118,7 +118,7 @@ restarts_baseline:
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vllm_http import EndpointError, LoadTimeout, wait_ready
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_http import EndpointError, LoadTimeout, wait_ready
 
 
 def journal_tail(unit, lines):

@@ -165,7 +165,7 @@ author: vllm-deploy
 
 EXAMPLES = r"""
 - name: Sweep the local endpoint
-  ansible.legacy.vllm_sweep:
+  vllm_ops.deploy.vllm_sweep:
     base_url: http://127.0.0.1:8000
     model: tiny
     levels: [1, 2, 4, 8]
@@ -177,7 +177,7 @@ EXAMPLES = r"""
     ansible_python_interpreter: /opt/vllm/venv/bin/python
 
 - name: Sweep against SLOs, key from the environment
-  ansible.legacy.vllm_sweep:
+  vllm_ops.deploy.vllm_sweep:
     base_url: "https://llm.example.com"
     model: Kimi-K2.5
     api_key: "{{ lookup('ansible.builtin.env', 'VLLM_API_KEY') }}"
@@ -244,10 +244,10 @@ import sys
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sweep_client import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import (
     HAS_AIOHTTP, SweepError, check_params, failure_message, run_sweep,
 )
-from ansible.module_utils.sweep_metrics import format_table
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import format_table
 
 
 def main():

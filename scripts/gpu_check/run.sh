@@ -57,8 +57,7 @@ log() { echo "[$(date +%H:%M:%S)] $*"; }
 ansible_env() {
   export PATH=$ST/ans/bin:$PATH
   export PYTHONPATH=$ST/ans${1:+:$1}
-  export ANSIBLE_CONFIG=$ROOT/ansible.cfg ANSIBLE_LIBRARY=$ROOT/plugins/modules \
-    ANSIBLE_MODULE_UTILS=$ROOT/plugins/module_utils ANSIBLE_ROLES_PATH=$ROOT/roles \
+  export ANSIBLE_CONFIG=$ROOT/ansible.cfg ANSIBLE_COLLECTIONS_PATH=$ROOT/collections \
     ANSIBLE_HOME=$ST/ansible-home ANSIBLE_LOCAL_TEMP=$ST/ansible-tmp
 }
 
@@ -157,7 +156,7 @@ step_facts() {
   printf '%s\n' "$MACHINE_ENV" >"$ST/capture/$mach/env-nccl.txt"
   install_ansible || { echo "ansible install failed"; return 1; }
   ( ansible_env
-    adhoc_json "$ST/gpu_facts.json" ansible.legacy.gpu_facts '{"nccl_profile": "latency"}' "$PY"
+    adhoc_json "$ST/gpu_facts.json" vllm_ops.deploy.gpu_facts '{"nccl_profile": "latency"}' "$PY"
     echo "ansible rc=$?" )
   "$PY" scripts/gpu_check/check.py facts-compare "$ST/gpu_facts.json" "$ST/capture/$mach" \
     --json-out "$ST/facts-compare.json" | tee "$OUTD/facts-compare.txt"
@@ -230,7 +229,7 @@ step_sweep() { # step_sweep TAG LEVELS [ansible]
     local lv t0=$SECONDS
     lv="[${levels}]"
     ( ansible_env
-      adhoc_json "$ST/sweep-ansible-$tag.json" ansible.legacy.vllm_sweep \
+      adhoc_json "$ST/sweep-ansible-$tag.json" vllm_ops.deploy.vllm_sweep \
         "{\"base_url\": \"http://127.0.0.1:$PORT\", \"model\": \"$NAME\", \"levels\": $lv, \"input_len\": $ILEN, \"output_len\": $OLEN, \"duration_s\": $DUR, \"stop_on_saturation\": false}" \
         "$PY"
       echo "ansible vllm_sweep rc=$?" )
@@ -269,7 +268,7 @@ step_ttft() { # step_ttft TAG: what tokenizing a text prompt adds to TTFT, on th
 step_tp2_start() {
   stop_server
   ( ansible_env
-    adhoc_json "$ST/gpu_facts-tp2.json" ansible.legacy.gpu_facts '{"nccl_profile": "latency", "tensor_parallel": 2}' "$PY" )
+    adhoc_json "$ST/gpu_facts-tp2.json" vllm_ops.deploy.gpu_facts '{"nccl_profile": "latency", "tensor_parallel": 2}' "$PY" )
   local envline
   envline=$("$PY" - "$ST/gpu_facts-tp2.json" <<'EOF'
 import json, sys

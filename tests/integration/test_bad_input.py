@@ -1,6 +1,6 @@
 """Bad input is refused by the first play, before any role touches a host.
 
-Runs the real playbooks/deploy.yml with ansible-playbook. The hosts use the local
+Runs the real playbook vllm_ops.deploy.deploy with ansible-playbook. The hosts use the local
 connection (or an address where nothing listens), so a refusal that came too late would
 show up as a changed task or a created file; every case checks the message names the
 variable and that no converge task ran.
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)
-PLAYBOOK = os.path.join(ROOT, "playbooks", "deploy.yml")
+PLAYBOOK = "vllm_ops.deploy.deploy"  # this checkout, through ansible.cfg's collections path
 
 GOOD = {
     "vllm_install_cpu_version": "0.32.0",

@@ -105,13 +105,11 @@ def run_module(venv, args, check_mode=False, extra_env=None, module="flashinfer_
         ansible = shutil.which("ansible")
     env = dict(os.environ)
     env.update(ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
-               ANSIBLE_LIBRARY=os.path.join(ROOT, "plugins", "modules"),
-               ANSIBLE_MODULE_UTILS=os.path.join(ROOT, "plugins", "module_utils"),
                ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
                ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
     env.update(extra_env or {})
     argv = [ansible, "localhost", "-i", "localhost,", "-c", "local",
-            "-m", module, "-a", json.dumps(args),
+            "-m", "vllm_ops.deploy." + module, "-a", json.dumps(args),
             "-e", "ansible_python_interpreter=%s" % python_of(venv)]
     if check_mode:
         argv.append("--check")

@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ansible.module_utils.hf_weights import file_complete
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.hf_weights import file_complete
 
 pytestmark = pytest.mark.slow
 
@@ -108,12 +108,11 @@ def resolve_gets(hub, path):
 
 def run_module(args, check=False, env=None, background=False):
     """`ansible localhost -m hf_model_download` with the downloader venv as interpreter."""
-    cmd = [ANSIBLE, "localhost", "-i", "localhost,", "-c", "local", "-m", "hf_model_download",
+    cmd = [ANSIBLE, "localhost", "-i", "localhost,", "-c", "local", "-m", "vllm_ops.deploy.hf_model_download",
            "-e", "ansible_python_interpreter=%s" % HF_PYTHON, "-a", json.dumps(args)]
     if check:
         cmd.append("--check")
-    e = dict(os.environ, ANSIBLE_LIBRARY=os.path.join(ROOT, "plugins", "modules"),
-             ANSIBLE_MODULE_UTILS=os.path.join(ROOT, "plugins", "module_utils"),
+    e = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
              ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
              ANSIBLE_LOCALHOST_WARNING="0")
     e.update(env or {})

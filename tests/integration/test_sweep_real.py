@@ -85,12 +85,12 @@ def server(tmp_path_factory):
 
 
 def run_module(args, check=False):
-    """Run ansible.legacy.vllm_sweep through the ansible CLI; return (result dict, stdout)."""
+    """Run vllm_ops.deploy.vllm_sweep through the ansible CLI; return (result dict, stdout)."""
     env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
                ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
     cmd = [ANSIBLE, "localhost", "-i", "localhost,", "-c", "local",
            "-e", "ansible_python_interpreter=%s" % VLLM_PYTHON,
-           "-m", "ansible.legacy.vllm_sweep", "-a", json.dumps(args)]
+           "-m", "vllm_ops.deploy.vllm_sweep", "-a", json.dumps(args)]
     if check:
         cmd.append("--check")
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -378,10 +378,11 @@ def test_compare_two_saved_runs(role_runs):
     assert body[3].split("|")[2].split()[0] == "-"  # out48 did not run concurrency 8
     for png in ("throughput.png", "ttft.png", "tpot.png"):
         assert_png(cmp_dir / png)
-    # the same through playbooks/compare.yml; a host's report directory means its newest run
+    # the same through the playbook vllm_ops.deploy.compare; a host's report directory means its
+    # newest run
     play_dir = ws["tmp"] / "compare-play"
     res = subprocess.run(
-        [PLAYBOOK, os.path.join(ROOT, "playbooks", "compare.yml"), "-e", json.dumps({
+        [PLAYBOOK, "vllm_ops.deploy.compare", "-e", json.dumps({
             "vllm_compare_runs": [str(runs[0]), str(runs[1].parent)],
             "vllm_compare_labels": ["out16", "newest"], "vllm_compare_out": str(play_dir)})],
         cwd=ROOT, capture_output=True, text=True, timeout=300)

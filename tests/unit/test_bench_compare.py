@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ansible.module_utils.sweep_metrics import Record, summarize_level
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import Record, summarize_level
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "bench_sweep_vs_vllm.py")
@@ -345,10 +345,10 @@ def test_worker_that_dies_is_reported(tmp_path):
         log.close()
 
 
-def test_ours_worker_imports_sweep_client_through_a_stand_in_ansible(tmp_path):
-    """The real "ours" worker: module_utils imported as ansible.module_utils.* without
-    ansible; a bad parameter comes back as the SweepError run_sweep raises."""
-    w, log = _worker(tmp_path, "ours", bc.MODULE_UTILS)
+def test_ours_worker_imports_sweep_client_through_the_collections_path(tmp_path):
+    """The real "ours" worker: the collection's module_utils imported through the repository's
+    collections path; a bad parameter comes back as the SweepError run_sweep raises."""
+    w, log = _worker(tmp_path, "ours", bc.COLLECTIONS)
     try:
         assert w.wait_ready(60)["kind"] == "ours"
         msg = w.call({"params": {"base_url": "http://127.0.0.1:9", "model": "m", "levels": []}},

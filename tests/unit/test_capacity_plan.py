@@ -27,7 +27,7 @@ import sys
 
 import pytest
 
-from ansible.module_utils.capacity_plan import (GIB, PlanError, kv_bytes_per_token, architecture,
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.capacity_plan import (GIB, PlanError, kv_bytes_per_token, architecture,
                                                 plan, quantization_info)
 
 MIB = 1024 ** 2
@@ -301,7 +301,7 @@ def test_bad_config_is_refused():
 
 def run_module(args, monkeypatch, capsys):
     import ansible.module_utils.basic as basic
-    import vllm_capacity_plan
+    from ansible_collections.vllm_ops.deploy.plugins.modules import vllm_capacity_plan
 
     monkeypatch.setattr(basic, "_ANSIBLE_ARGS", None, raising=False)
     monkeypatch.setattr(sys, "argv", ["vllm_capacity_plan"])

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from ansible.module_utils.flashinfer_reconcile import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.flashinfer_reconcile import (
     ReconcileError, action_argv, cuda_tag, describe, mask_url, plan_reconcile, public_actions,
     torch_cuda_version)
 

@@ -87,10 +87,12 @@ def test_module_without_nvidia_smi_names_host_and_profile(tmp_path):
     args = {"nvidia_smi": str(tmp_path / "missing" / "nvidia-smi"), "require_gpu": True,
             "tensor_parallel": 4, "host_name": "cpu-1", "profile_name": "minimax-m2.5-tp4",
             "variable_names": {"profile": "vllm_service_profile"}, "_ansible_check_mode": True}
-    code = ("import sys; sys.path.insert(0, %r); import conftest, gpu_facts; gpu_facts.main()"
-            % os.path.join(ROOT, "tests"))
-    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps({"ANSIBLE_MODULE_ARGS": args}),
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    code = ("import sys; sys.path.insert(0, %r); import conftest; "
+            "from ansible_collections.vllm_ops.deploy.plugins.modules import gpu_facts; "
+            "gpu_facts.main()" % os.path.join(ROOT, "tests"))
+    proc = subprocess.run([sys.executable, "-c", code],
+                          input=json.dumps({"ANSIBLE_MODULE_ARGS": args}),
+                          capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
     f = json.loads(proc.stdout)["ansible_facts"]["gpu_facts"]
     assert f["present"] is False and f["nccl"]["env"] == {}
     assert f["preflight_errors"] == [

@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from ansible.module_utils import gpu_topology as gt
+from ansible_collections.vllm_ops.deploy.plugins.module_utils import gpu_topology as gt
 
 FIX = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "nvidia-smi")
 H200 = ("h200-x1", "h200-x2")
@@ -349,8 +349,9 @@ def run_module(tmp_path, fixture_dir, args):
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     args = dict(args, nvidia_smi=str(script), _ansible_check_mode=True)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    code = ("import sys; sys.path.insert(0, %r); import conftest, gpu_facts; gpu_facts.main()"
-            % os.path.join(root, "tests"))
+    code = ("import sys; sys.path.insert(0, %r); import conftest; "
+            "from ansible_collections.vllm_ops.deploy.plugins.modules import gpu_facts; "
+            "gpu_facts.main()" % os.path.join(root, "tests"))
     proc = subprocess.run([sys.executable, "-c", code],
                           input=json.dumps({"ANSIBLE_MODULE_ARGS": args}),
                           capture_output=True, text=True, cwd=root, timeout=60)
@@ -359,20 +360,22 @@ def run_module(tmp_path, fixture_dir, args):
 
 def test_module_documentation_is_valid_yaml():
     import yaml
-    import gpu_facts
+    from ansible_collections.vllm_ops.deploy.plugins.modules import gpu_facts
     doc = yaml.safe_load(gpu_facts.DOCUMENTATION)
     assert doc["module"] == "gpu_facts"
     assert set(doc["options"]) == {"nvidia_smi", "gpus", "nccl_profile", "nccl_overrides",
                                    "cuda_version", "tensor_parallel", "pipeline_parallel",
                                    "data_parallel", "require_gpu", "host_name",
                                    "variable_names", "profile_name"}
-    assert yaml.safe_load(gpu_facts.EXAMPLES)[0]["ansible.legacy.gpu_facts"]["tensor_parallel"] == 2
+    example = yaml.safe_load(gpu_facts.EXAMPLES)[0]["vllm_ops.deploy.gpu_facts"]
+    assert example["tensor_parallel"] == 2
     assert "gpu_facts" in yaml.safe_load(gpu_facts.RETURN)["ansible_facts"]["contains"]
 
 
 def test_module_on_replayed_h200_x2(tmp_path):
-    out = run_module(tmp_path, os.path.join(FIX, "h200-x2"), {"nccl_profile": "throughput", "cuda_version": "13.0",
-                                           "tensor_parallel": 4, "require_gpu": True})
+    out = run_module(tmp_path, os.path.join(FIX, "h200-x2"),
+                     {"nccl_profile": "throughput", "cuda_version": "13.0", "tensor_parallel": 4,
+                      "require_gpu": True})
     assert out["changed"] is False, out
     f = out["ansible_facts"]["gpu_facts"]
     assert f["count"] == 2 and f["topology"]["class"] == "nvlink"

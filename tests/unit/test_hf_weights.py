@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from ansible.module_utils.hf_weights import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.hf_weights import (
     FP8_KV_CACHE_OVERRIDE_EXAMPLE, HfWeightsError, apply_json_ops, build_manifest,
     bytes_missing, disk_preflight, existing_ancestor, file_complete, find_incomplete,
     free_bytes, git_blob_oid, human_bytes, incomplete_bytes, is_commit_sha, manifest_matches,
@@ -500,7 +500,7 @@ def test_manifest_tracks_overridden_file(tmp_path):
 
 
 def test_discard_damaged_removes_the_file_and_its_metadata(tmp_path):
-    from ansible.module_utils.hf_weights import discard_damaged, metadata_path
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.hf_weights import discard_damaged, metadata_path
 
     d = str(tmp_path)
     for rel in ("a.bin", "sub/b.bin"):

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from ansible.module_utils import gpu_topology as gt
-from ansible.module_utils import nccl_env as ne
+from ansible_collections.vllm_ops.deploy.plugins.module_utils import gpu_topology as gt
+from ansible_collections.vllm_ops.deploy.plugins.module_utils import nccl_env as ne
 
 FIX = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "nvidia-smi")
 

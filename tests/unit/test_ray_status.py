@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from ansible.module_utils.ray_status import (NODE_TABLE_SCRIPT, RayStatusError, alive_nodes,
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.ray_status import (NODE_TABLE_SCRIPT, RayStatusError, alive_nodes,
                                              check_cluster, parse_node_table,
                                              validate_expected)
 

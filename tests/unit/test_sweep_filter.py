@@ -1,14 +1,7 @@
 """plugins/filter/sweep.py: the compact per-level view kept in host_vars."""
-import importlib.util
-import os
-
-from ansible.module_utils.sweep_metrics import Record, summarize_level
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location(
-    "sweep_filter", os.path.join(ROOT, "plugins", "filter", "sweep.py"))
-flt = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(flt)
+from ansible_collections.vllm_ops.deploy.plugins.filter import sweep as flt
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import (
+    Record, summarize_level)
 
 
 def level(fail=False, short=False, slo=None):

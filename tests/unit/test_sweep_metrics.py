@@ -1,7 +1,7 @@
 """Hand-checked cases for plugins/module_utils/sweep_metrics.py."""
 import pytest
 
-from ansible.module_utils.sweep_metrics import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import (
     Record, describe, format_table, headline, knee, metric_sum, output_length_check,
     parse_prometheus, percentile, saturation_check, server_counters, server_cross_check,
     summarize_level,
@@ -249,13 +249,13 @@ def good_params(**kw):
     (dict(saturation_threshold=-0.1), "saturation_threshold must be >= 0, got -0.1"),
 ])
 def test_check_params_names_the_variable(kw, message):
-    from ansible.module_utils.sweep_client import SweepError, check_params
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import SweepError, check_params
     with pytest.raises(SweepError) as e:
         check_params(good_params(**kw))
     assert message in str(e.value)
 
 
 def test_check_params_accepts_defaults():
-    from ansible.module_utils.sweep_client import check_params, default_min_requests
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import check_params, default_min_requests
     check_params(good_params())
     assert default_min_requests(1) == 8 and default_min_requests(16) == 32

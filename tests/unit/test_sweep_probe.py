@@ -17,8 +17,8 @@ import pytest
 aiohttp = pytest.importorskip("aiohttp")  # pinned in requirements/tools.txt: never skips there
 from aiohttp import web  # noqa: E402
 
-from ansible.module_utils import sweep_client  # noqa: E402
-from ansible.module_utils.sweep_client import (  # noqa: E402
+from ansible_collections.vllm_ops.deploy.plugins.module_utils import sweep_client  # noqa: E402
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import (  # noqa: E402
     RequestLogError, Sweep, SweepError, failure_message, run_sweep,
 )
 
@@ -229,7 +229,7 @@ def test_unwritable_request_log_is_a_request_log_error(server, tmp_path):
 
 def run_module(args, capsys):
     from ansible.module_utils.testing import patch_module_args
-    import vllm_sweep
+    from ansible_collections.vllm_ops.deploy.plugins.modules import vllm_sweep
 
     with patch_module_args(args), pytest.raises(SystemExit):
         vllm_sweep.main()
@@ -248,7 +248,7 @@ def test_module_reports_a_dead_server_without_blaming_the_log(server, tmp_path, 
 
 
 def test_module_names_other_os_errors_by_type(tmp_path, capsys, monkeypatch):
-    import vllm_sweep
+    from ansible_collections.vllm_ops.deploy.plugins.modules import vllm_sweep
 
     def boom(params, request_log_path=None):
         raise ConnectionResetError(104, "Connection reset by peer")
@@ -271,7 +271,7 @@ def test_module_reports_an_unwritable_log_as_request_log_path(server, tmp_path, 
 # --- the client's event loop ------------------------------------------------------------------
 def test_loop_factory_choices(monkeypatch):
     import types
-    from ansible.module_utils.sweep_client import loop_factory
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import loop_factory
     monkeypatch.setitem(sys.modules, "uvloop", None)  # not importable
     assert loop_factory("asyncio") is None
     assert loop_factory("auto") is None

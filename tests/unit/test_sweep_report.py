@@ -11,7 +11,7 @@ import os
 import pytest
 import yaml
 
-from ansible.module_utils.sweep_metrics import Record, headline, summarize_level
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import Record, headline, summarize_level
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _spec = importlib.util.spec_from_file_location(

@@ -1,17 +1,11 @@
 """Unit tests for plugins/filter/systemd.py (ExecStart= quoting, EnvironmentFile= lines)."""
-import importlib.util
-import os
 import shutil
 import subprocess
 
 import pytest
 from ansible.errors import AnsibleFilterError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location("_test_systemd_filter",
-                                               os.path.join(ROOT, "plugins", "filter", "systemd.py"))
-sd = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sd)
+from ansible_collections.vllm_ops.deploy.plugins.filter import systemd as sd
 
 
 def test_quote_escapes_what_systemd_would_interpret():

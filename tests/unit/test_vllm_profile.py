@@ -6,8 +6,8 @@ import os
 import pytest
 import yaml
 
-from ansible.module_utils.capacity_plan import PlanError, plan
-from ansible.module_utils.vllm_profile import (ProfileError, merge_args, merge_env, parse_flags,
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.capacity_plan import PlanError, plan
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_profile import (ProfileError, merge_args, merge_env, parse_flags,
                                                render_argv, select_profile, validate_profile)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

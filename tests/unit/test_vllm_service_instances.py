@@ -6,7 +6,7 @@ import os
 import pytest
 import yaml
 
-from ansible.module_utils.vllm_instances import (gpu_memory_mib, model_max_len, parse_gpu_set,
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_instances import (gpu_memory_mib, model_max_len, parse_gpu_set,
                                                  resolve_instances)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -5,7 +5,6 @@ The interpreter path in ExecStart points at a stub executable in a temp dir: ver
 ExecStart's binary exists and is executable, which the real venv path is not on this machine.
 """
 import glob
-import importlib.util
 import os
 import re
 import shutil
@@ -14,6 +13,9 @@ import subprocess
 import jinja2
 import pytest
 import yaml
+
+from ansible_collections.vllm_ops.deploy.plugins.filter import systemd as systemd_filters
+from ansible_collections.vllm_ops.deploy.plugins.filter import vllm_instances as instance_filters
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE = os.path.join(ROOT, "roles", "vllm_service")
@@ -24,17 +26,10 @@ needs_systemd = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
                                    reason="systemd-analyze not installed")
 
 
-def _load_filter(name):
-    spec = importlib.util.spec_from_file_location(
-        "_test_filter_" + name, os.path.join(ROOT, "plugins", "filter", name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.FilterModule().filters()
-
-
+# The templates call the collection's filters by FQCN, as Ansible resolves them.
 FILTERS = {}
-FILTERS.update(_load_filter("systemd"))
-FILTERS.update(_load_filter("vllm_profile"))
+for _mod in (systemd_filters, instance_filters):
+    FILTERS.update(("vllm_ops.deploy." + k, v) for k, v in _mod.FilterModule().filters().items())
 
 
 def load_profiles():
@@ -69,7 +64,7 @@ def resolve(profile, python, **over):
                 extra_args=[], env={}, cuda_visible_devices="", python=python,
                 home="/var/lib/vllm")
     inst.update(over)
-    out = FILTERS["vllm_service_instances"]([], inst, load_profiles())
+    out = FILTERS["vllm_ops.deploy.vllm_resolve_instances"]([], inst, load_profiles())
     assert out["errors"] == []
     return out["instances"][0]
 
@@ -184,7 +179,7 @@ def test_two_instances_render_two_valid_units(tmp_path):
                     profile_overrides={}, model_dir="/srv/models/m", served_model_name="",
                     args=[], extra_args=[], env={}, cuda_visible_devices="",
                     python=str(stub), home="/var/lib/vllm")
-    out = FILTERS["vllm_service_instances"](
+    out = FILTERS["vllm_ops.deploy.vllm_resolve_instances"](
         [{"name": "a", "port": 8001, "cuda_visible_devices": "0,1,2,3"},
          {"name": "b", "port": 8002, "cuda_visible_devices": "4,5,6,7"}],
         defaults, load_profiles(), 8)

@@ -19,7 +19,7 @@ import json
 
 import pytest
 
-from ansible.module_utils.vllm_source import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_source import (
     SourceError, check_variant_present, index_url, install_command, metadata_url,
     parse_metadata, parse_version, select_wheel, validate_source, variants_from_project_list,
     version_matches_pin)

@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-"""Action plugin for ansible.legacy.vllm_ready: wait in slices and show progress.
+"""Action plugin for vllm_ops.deploy.vllm_ready: wait in slices and show progress.
 
 A model load can take 30+ minutes; a single module call would sit silent all that time.
 This plugin runs the module in slices of ``progress_s`` seconds (``partial=true``) and, after
@@ -18,7 +18,7 @@ from ansible.utils.display import Display
 
 display = Display()
 
-_MODULE = "ansible.legacy.vllm_ready"
+_MODULE = "vllm_ops.deploy.vllm_ready"
 
 
 class ActionModule(ActionBase):

@@ -1,0 +1,52 @@
+"""Filters over plugins/module_utils/vllm_instances.py: resolve and check a host's vLLM
+instances, and what other roles need of them. The logic (and its unit tests) is in module_utils."""
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.vllm_ops.deploy.plugins.module_utils import vllm_instances as _vi
+
+
+def vllm_resolve_instances(instances, defaults, profiles, gpu_count=None, model_limits=None):
+    """Resolve and check a host's instances (see vllm_instances.resolve_instances).
+
+    Returns {'instances': [...], 'errors': [...]}; the role asserts that errors is empty, so
+    every refusal is reported at once, with its numbers, before anything changes."""
+    try:
+        count = None if gpu_count in (None, "") else int(gpu_count)
+    except (TypeError, ValueError):
+        raise AnsibleFilterError("vllm_resolve_instances: gpu_count %r is not an integer"
+                                 % (gpu_count,))
+    resolved, errors = _vi.resolve_instances(instances, dict(defaults), dict(profiles or {}),
+                                             gpu_count=count,
+                                             model_limits=dict(model_limits or {}))
+    return {"instances": resolved, "errors": errors}
+
+
+def vllm_model_max_len(config):
+    """max_position_embeddings of a parsed config.json (None when it has none)."""
+    return _vi.model_max_len(config)
+
+
+def vllm_gpu_memory_mib(gpu_facts, gpus=None):
+    """Smallest memory_total_mib among the given GPU indices of gpu_facts (all when None)."""
+    return _vi.gpu_memory_mib(gpu_facts, gpus)
+
+
+def vllm_instance_endpoints(instances, ready_results=None):
+    """What other roles need of each instance: url, model, unit, port, ready_after_s."""
+    ready = {}
+    for res in ready_results or []:
+        item = res.get("item") or {}
+        ready[item.get("name")] = res.get("elapsed_s")
+    return [{"name": i["name"], "url": i["url"], "model": i["served_model_name"],
+             "unit": i["unit"], "port": i["port"], "ready_after_s": ready.get(i["name"])}
+            for i in instances]
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"vllm_resolve_instances": vllm_resolve_instances,
+                "vllm_model_max_len": vllm_model_max_len,
+                "vllm_gpu_memory_mib": vllm_gpu_memory_mib,
+                "vllm_instance_endpoints": vllm_instance_endpoints}
