@@ -95,15 +95,28 @@ def inventory_dirs(inventory) -> List[str]:
     return [p if os.path.isdir(p) else os.path.dirname(p) for p in check_inventory(inventory)]
 
 
-def known_profiles(root: str) -> List[str]:
-    pattern = os.path.join(root, "roles", "vllm_service", "vars", "profiles", "*.yml")
-    return sorted(os.path.basename(p)[:-4] for p in glob.glob(pattern))
+def collection_profiles(root: str):
+    """The collection's profile loader (plugins/plugin_utils/vllm_profiles.py), imported from
+    the repository's collections path, as Ansible and the tests import it."""
+    path = os.path.join(root, "collections")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    from ansible_collections.vllm_ops.deploy.plugins.plugin_utils import vllm_profiles
+    return vllm_profiles
+
+
+def known_profiles(root: str, dirs: Optional[Sequence[str]] = None) -> List[str]:
+    """Profile names: the collection's profiles/ and the given vllm_deploy_profile_dirs."""
+    return sorted(collection_profiles(root).known_profiles(list(dirs or [])))
 
 
 def check_profile(root: str, extravars: Optional[Dict[str, Any]]) -> None:
-    profile = (extravars or {}).get("vllm_service_profile")
+    """An unknown vllm_service_profile in extravars is refused before Ansible runs (profiles
+    of directories set in the inventory's vllm_deploy_profile_dirs are checked by the play)."""
+    extravars = extravars or {}
+    profile = extravars.get("vllm_service_profile")
     if profile:
-        known = known_profiles(root)
+        known = known_profiles(root, extravars.get("vllm_deploy_profile_dirs"))
         if profile not in known:
             raise UnknownProfile(profile, known)
 

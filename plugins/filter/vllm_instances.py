@@ -5,10 +5,15 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils import vllm_instances as _vi
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_profile import ProfileError
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.vllm_profiles import load_profile
 
 
-def vllm_resolve_instances(instances, defaults, profiles, gpu_count=None, model_limits=None):
-    """Resolve and check a host's instances (see vllm_instances.resolve_instances).
+def vllm_resolve_instances(instances, defaults, profile_dirs=None, gpu_count=None,
+                           model_limits=None):
+    """Resolve and check a host's instances (see vllm_instances.resolve_instances); each
+    instance's profile comes from the collection's profile loader (plugin_utils/vllm_profiles),
+    merged with the instance's profile_overrides and validated there.
 
     Returns {'instances': [...], 'errors': [...]}; the role asserts that errors is empty, so
     every refusal is reported at once, with its numbers, before anything changes."""
@@ -17,9 +22,17 @@ def vllm_resolve_instances(instances, defaults, profiles, gpu_count=None, model_
     except (TypeError, ValueError):
         raise AnsibleFilterError("vllm_resolve_instances: gpu_count %r is not an integer"
                                  % (gpu_count,))
-    resolved, errors = _vi.resolve_instances(instances, dict(defaults), dict(profiles or {}),
-                                             gpu_count=count,
-                                             model_limits=dict(model_limits or {}))
+    dirs = list(profile_dirs or [])
+
+    def load(name, overrides=None):
+        return load_profile(name, overrides, dirs)
+
+    try:
+        resolved, errors = _vi.resolve_instances(instances, dict(defaults), load,
+                                                 gpu_count=count,
+                                                 model_limits=dict(model_limits or {}))
+    except ProfileError as exc:
+        raise AnsibleFilterError("vllm_resolve_instances: %s" % exc)
     return {"instances": resolved, "errors": errors}
 
 

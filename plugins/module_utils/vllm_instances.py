@@ -4,9 +4,9 @@ line and environment, and refuse layouts that cannot run, before anything change
 An instance is one vLLM server = one systemd unit ``vllm-<name>.service`` with its own port,
 GPU set (CUDA_VISIBLE_DEVICES), model profile and arguments. ``resolve_instances`` takes the
 instance list given by the user (empty = one instance built from the role's defaults), the
-role's defaults, the loaded profiles and what is known about the host (GPU count and memory,
-model limits read from config.json), and returns the resolved instances plus every refusal
-found, each naming the variable and the numbers:
+role's defaults, the profile loader (or a dict of raw profiles) and what is known about the
+host (GPU count and memory, model limits read from config.json), and returns the resolved
+instances plus every refusal found, each naming the variable and the numbers:
 
 * unknown keys, bad names, names or ports used twice;
 * an unknown profile (listing the known ones);
@@ -17,16 +17,16 @@ found, each naming the variable and the numbers:
 * max_model_len above the model's limit (max_position_embeddings of its config.json);
 * conflicting flags, secrets in args/env, invalid profiles (from vllm_profile).
 
-Pure Python (no Ansible, no I/O); secrets are not handled here (they go straight into the
-0600 environment file).
+Pure Python (no Ansible, no I/O: the profile loader is passed in); secrets are not handled
+here (they go straight into the 0600 environment file).
 """
 from __future__ import annotations
 
-import copy
 import re
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_profile import (
-    ProfileError, _check_secrets_in_args, parse_flags, render_argv, validate_env)
+    ProfileError, _check_secrets_in_args, parse_flags, render_argv, resolve_profile,
+    validate_env)
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 ENTRYPOINT = ["-m", "vllm.entrypoints.openai.api_server"]
@@ -35,15 +35,15 @@ INSTANCE_KEYS = ("name", "port", "host", "profile", "profile_overrides", "model_
 REQUIRED_INSTANCE_KEYS = ("name", "port")
 
 
-def _merge(base, over):
-    """Recursive dict merge (over wins), like Ansible's combine(recursive=true)."""
-    out = copy.deepcopy(base)
-    for key, value in (over or {}).items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
+def dict_loader(profiles):
+    """A profile loader over a dict {name: raw profile}: load(name, overrides) returns the
+    profile merged with the overrides and validated (as the collection's file loader does)."""
+    def load(name, overrides=None):
+        if name not in profiles:
+            raise ProfileError("unknown vllm_service profile %r; known profiles: %s"
+                               % (name, ", ".join(sorted(profiles))))
+        return resolve_profile(profiles[name], name, overrides)
+    return load
 
 
 def parse_gpu_set(text):
@@ -130,7 +130,8 @@ def resolve_instances(instances, defaults, profiles, gpu_count=None, model_limit
         instance from ``defaults``.
     defaults: dict with the role-level values: name, port, host, profile, profile_overrides,
         model_dir, served_model_name, args, extra_args, env, cuda_visible_devices, python, home.
-    profiles: {profile name: profile dict} of every known profile (loaded from vars/profiles).
+    profiles: the profile loader, load(name, overrides) -> the merged, validated profile
+        (raises ProfileError), or a dict {profile name: raw profile} (see dict_loader).
     gpu_count: GPUs on the host (None = unknown, e.g. GPU facts not gathered).
     model_limits: {model_dir: max_position_embeddings} for the model dirs whose config.json
         could be read.
@@ -139,6 +140,7 @@ def resolve_instances(instances, defaults, profiles, gpu_count=None, model_limit
     numbers.
     """
     model_limits = model_limits or {}
+    load = profiles if callable(profiles) else dict_loader(profiles)
     errors = []
     if instances is None:
         instances = []
@@ -191,10 +193,7 @@ def resolve_instances(instances, defaults, profiles, gpu_count=None, model_limit
         profile = None
         try:
             if profile_name:
-                if profile_name not in profiles:
-                    raise ProfileError("unknown vllm_service profile %r; known profiles: %s"
-                                       % (profile_name, ", ".join(sorted(profiles))))
-                profile = _merge(profiles[profile_name], inst.get("profile_overrides") or {})
+                profile = load(profile_name, inst.get("profile_overrides") or {})
             served = (inst.get("served_model_name")
                       or (profile["model"]["served_model_name"] if profile else "")
                       or str(model_dir).rstrip("/").rsplit("/", 1)[-1])
@@ -229,6 +228,7 @@ def resolve_instances(instances, defaults, profiles, gpu_count=None, model_limit
                                      else inst["host"], port),
             "served_model_name": served,
             "profile": profile_name,
+            "profile_config": profile,
             "model_dir": model_dir,
             "argv": argv,
             "env": env,

@@ -1,9 +1,14 @@
-"""Model profiles for the vLLM service: validate, merge user additions, render the argv.
+"""Model profiles for the vLLM service: validate, merge overrides and user additions, render
+the argv.
 
-A profile is a plain dict (one YAML file per model under roles/vllm_service/vars/profiles, one
-top-level variable ``vllm_service_profile``). This module checks its shape, merges the user's
-extra args / env, and renders the final argument list for
-``python -m vllm.entrypoints.openai.api_server`` as a list (no shell, no quoting).
+A profile is a plain dict: one YAML file per model in the collection's profiles/ directory (or
+in a directory of vllm_deploy_profile_dirs), the profile's keys at the top of the file. The
+collection's one loader, plugins/plugin_utils/vllm_profiles.py (behind the lookup
+vllm_ops.deploy.vllm_profile and the filter vllm_ops.deploy.vllm_resolve_instances), reads the
+file and calls ``resolve_profile`` here: the profile merged with its overrides, then validated.
+This module checks a profile's shape, merges the user's extra args / env, and renders the final
+argument list for ``python -m vllm.entrypoints.openai.api_server`` as a list (no shell, no
+quoting). Pure Python, no I/O.
 
 Flags that the renderer owns (model, served name, host, port, parallel sizes, limits) must not
 appear in a profile's or the user's args; the same flag given twice with different values is
@@ -12,6 +17,7 @@ they travel through the service's 0600 EnvironmentFile.
 """
 from __future__ import annotations
 
+import copy
 import re
 
 ENTRYPOINT = ["-m", "vllm.entrypoints.openai.api_server"]
@@ -47,14 +53,33 @@ class ProfileError(Exception):
     """An invalid profile, unknown profile name, or conflicting arguments."""
 
 
-# ----------------------------------------------------------------------------- selection
+# ----------------------------------------------------------------------------- overrides
 
-def select_profile(name, profiles):
-    """Return ``profiles[name]``; an unknown name lists the known ones."""
-    if name not in profiles:
-        raise ProfileError("unknown vLLM profile %r; known profiles: %s"
-                           % (name, ", ".join(sorted(profiles)) or "(none)"))
-    return profiles[name]
+def merge_overrides(base, overrides):
+    """Recursive dict merge (``overrides`` wins; lists are replaced, not appended), like
+    Ansible's combine(recursive=true). Returns a new dict."""
+    out = copy.deepcopy(base)
+    for key, value in (overrides or {}).items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_overrides(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def resolve_profile(raw, name, overrides=None, where="profile_overrides"):
+    """The profile ``name`` as used: ``raw`` (the file's content) merged with ``overrides``,
+    then validated. Raises ProfileError naming the profile and the bad key."""
+    if not isinstance(raw, dict):
+        raise ProfileError("profile %s must be a mapping of the profile's keys, got %s"
+                           % (name, type(raw).__name__))
+    if overrides is not None and not isinstance(overrides, dict):
+        raise ProfileError("%s for profile %s must be a mapping, got %r"
+                           % (where, name, overrides))
+    if "name" in (overrides or {}) and overrides["name"] != name:
+        raise ProfileError("%s cannot rename profile %s (name: %r)"
+                           % (where, name, overrides["name"]))
+    return validate_profile(merge_overrides(raw, overrides), name)
 
 
 # ----------------------------------------------------------------------------- validation

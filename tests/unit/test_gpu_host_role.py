@@ -13,6 +13,8 @@ import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.vllm_profiles import load_profile
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE = os.path.join(ROOT, "roles", "gpu_host")
 
@@ -30,8 +32,10 @@ def _trusted(value):
 
 def templar(facts=None, gpu_facts=None, **overrides):
     variables = {}
-    for name in ("defaults", "vars"):
-        with open(os.path.join(ROLE, name, "main.yml")) as fh:
+    # the shared role's defaults first (a meta dependency of gpu_host), then the role's own
+    for path in (os.path.join(ROOT, "roles", "vllm_deploy", "defaults", "main.yml"),
+                 os.path.join(ROLE, "defaults", "main.yml"), os.path.join(ROLE, "vars", "main.yml")):
+        with open(path) as fh:
             variables.update({k: _trusted(v) for k, v in yaml.safe_load(fh).items()})
     variables.update({k: _trusted(v) for k, v in overrides.items()})
     variables["ansible_facts"] = dict(facts or {}, **({"gpu_facts": gpu_facts} if gpu_facts else {}))
@@ -138,9 +142,8 @@ def test_method_resolution(method, present, require, expected):
 
 
 def test_layout_and_gpu_requirement_come_from_the_profile():
-    with open(os.path.join(ROOT, "roles", "vllm_service", "vars", "profiles",
-                           "minimax-m2.5-tp4.yml")) as fh:
-        profile = yaml.safe_load(fh)["vllm_service_profile"]
+    # what the role's assert sets: the collection's loader's result (lookup vllm_profile)
+    profile = load_profile("minimax-m2.5-tp4")
     t = templar(UBUNTU_2404, _gpu_host_profile=profile)
     assert var(t, "gpu_host_tensor_parallel") == profile["parallel"]["tensor"] == 4
     assert var(t, "gpu_host_require_gpu") is True

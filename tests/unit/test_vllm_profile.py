@@ -1,29 +1,37 @@
-"""Unit tests for plugins/module_utils/vllm_profile.py and every shipped model profile."""
+"""Unit tests for plugins/module_utils/vllm_profile.py, the collection's profile loader
+(plugins/plugin_utils/vllm_profiles.py) and every shipped model profile."""
 import copy
-import glob
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import yaml
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.capacity_plan import PlanError, plan
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_profile import (ProfileError, merge_args, merge_env, parse_flags,
-                                               render_argv, select_profile, validate_profile)
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_profile import (
+    ProfileError, merge_args, merge_env, merge_overrides, parse_flags, render_argv,
+    resolve_profile, validate_profile)
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils import vllm_profiles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PROFILE_DIR = os.path.join(ROOT, "roles", "vllm_service", "vars", "profiles")
+PROFILE_DIR = os.path.join(ROOT, "profiles")
 EXPECTED = {"minimax-m2.5-tp4", "minimax-m2.5-tp4-ep", "minimax-m2.5-tp8-ep",
             "kimi-k2.5-nvfp4-tp8", "kimi-k2.5-int4-tp8", "glm-5-fp8", "cpu-tiny"}
 ENTRY = ["/opt/vllm/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
 
 
 def load_profiles():
+    """The raw content of every shipped profile file: the profile's own keys at the top (no
+    wrapper named like the inventory variable vllm_service_profile)."""
     profiles = {}
-    for path in sorted(glob.glob(os.path.join(PROFILE_DIR, "*.yml"))):
+    for name, path in vllm_profiles.known_profiles().items():
         with open(path) as f:
             data = yaml.safe_load(f)
-        assert list(data) == ["vllm_service_profile"], path
-        profiles[os.path.basename(path)[:-4]] = data["vllm_service_profile"]
+        assert "vllm_service_profile" not in data, path
+        assert data["name"] == name, path
+        profiles[name] = data
     return profiles
 
 
@@ -32,6 +40,7 @@ PROFILES = load_profiles()
 
 def test_the_expected_profiles_ship():
     assert set(PROFILES) == EXPECTED
+    assert os.path.realpath(vllm_profiles.COLLECTION_PROFILES) == os.path.realpath(PROFILE_DIR)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -106,12 +115,57 @@ def test_minimax_profiles_pass_the_planner_on_8x_rtx_pro_6000(name):
 
 # ----------------------------------------------------------------------------- selection
 
-def test_unknown_profile_lists_known_ones():
+def test_unknown_profile_lists_known_ones_and_names_the_variable():
     with pytest.raises(ProfileError) as e:
-        select_profile("minimax-tp16", PROFILES)
-    assert "unknown vLLM profile 'minimax-tp16'" in str(e.value)
-    assert "cpu-tiny, glm-5-fp8, kimi-k2.5-int4-tp8" in str(e.value)
-    assert select_profile("cpu-tiny", PROFILES) is PROFILES["cpu-tiny"]
+        vllm_profiles.load_profile("minimax-tp16", variable="vllm_service_profile")
+    msg = str(e.value)
+    assert msg.startswith("vllm_service_profile: unknown vLLM profile 'minimax-tp16'")
+    assert "cpu-tiny, glm-5-fp8, kimi-k2.5-int4-tp8" in msg
+    assert PROFILE_DIR in msg or os.path.realpath(PROFILE_DIR) in os.path.realpath(
+        msg.split("(searched ")[1].rstrip(")"))
+
+
+def test_loader_merges_the_overrides_and_validates_the_result():
+    prof = vllm_profiles.load_profile("minimax-m2.5-tp4",
+                                      {"max_model_len": 65536, "parallel": {"tensor": 8},
+                                       "gpu": {"min_count": 8}})
+    assert prof["max_model_len"] == 65536
+    assert prof["parallel"] == {"tensor": 8, "pipeline": 1, "data": 1, "expert_parallel": False}
+    assert prof["args"] == PROFILES["minimax-m2.5-tp4"]["args"]  # untouched keys stay
+    assert PROFILES["minimax-m2.5-tp4"]["parallel"]["tensor"] == 4  # the file is not changed
+    with pytest.raises(ProfileError, match="gpu.min_count 4 is below tensor 8"):
+        vllm_profiles.load_profile("minimax-m2.5-tp4", {"parallel": {"tensor": 8}})
+    with pytest.raises(ProfileError, match="cannot rename profile cpu-tiny"):
+        vllm_profiles.load_profile("cpu-tiny", {"name": "other"})
+    with pytest.raises(ProfileError, match="must be a mapping"):
+        vllm_profiles.load_profile("cpu-tiny", ["max_model_len"])
+
+
+def test_a_users_profile_directory_comes_first(tmp_path):
+    mine = copy.deepcopy(PROFILES["cpu-tiny"])
+    mine["description"] = "my own CPU profile"
+    (tmp_path / "cpu-tiny.yml").write_text(yaml.safe_dump(mine))
+    other = dict(copy.deepcopy(PROFILES["cpu-tiny"]), name="cpu-small", max_model_len=256)
+    (tmp_path / "cpu-small.yml").write_text(yaml.safe_dump(other))
+    known = vllm_profiles.known_profiles([str(tmp_path)])
+    assert known["cpu-tiny"] == str(tmp_path / "cpu-tiny.yml")
+    assert set(known) == EXPECTED | {"cpu-small"}
+    assert vllm_profiles.load_profile("cpu-tiny", dirs=[str(tmp_path)])["description"] == \
+        "my own CPU profile"
+    assert vllm_profiles.load_profile("cpu-small", dirs=[str(tmp_path)])["max_model_len"] == 256
+    (tmp_path / "broken.yml").write_text(yaml.safe_dump(dict(other, name="broken", source=[])))
+    with pytest.raises(ProfileError, match="source must be a non-empty list"):
+        vllm_profiles.load_profile("broken", dirs=[str(tmp_path)])
+    with pytest.raises(ProfileError, match="must be a list of directories"):
+        vllm_profiles.load_profile("cpu-tiny", dirs=str(tmp_path))
+
+
+def test_merge_overrides_is_recursive_and_replaces_lists():
+    base = {"a": {"b": 1, "c": [1, 2]}, "d": 1}
+    out = merge_overrides(base, {"a": {"c": [3]}, "e": {"f": 1}})
+    assert out == {"a": {"b": 1, "c": [3]}, "d": 1, "e": {"f": 1}}
+    assert base == {"a": {"b": 1, "c": [1, 2]}, "d": 1}
+    assert resolve_profile(PROFILES["cpu-tiny"], "cpu-tiny") == PROFILES["cpu-tiny"]
 
 
 # ----------------------------------------------------------------------------- arg merging
@@ -243,3 +297,27 @@ def test_render_rejects_bad_port_and_dir():
         render_argv(MM, "/m", "h", 0)
     with pytest.raises(ProfileError, match="model_dir"):
         render_argv(MM, "", "h", 8000)
+
+
+def test_the_lookup_plugin_through_ansible():
+    """lookup('vllm_ops.deploy.vllm_profile', ...) as a play calls it: merged, validated, and an
+    unknown name refused naming the variable."""
+    ansible = os.path.join(os.path.dirname(sys.executable), "ansible")
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
+               ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
+               ANSIBLE_LOCALHOST_WARNING="0", ANSIBLE_INVENTORY_UNPARSED_WARNING="0")
+
+    def debug(expr):
+        out = subprocess.run([ansible, "localhost", "-i", "localhost,", "-c", "local", "-m",
+                              "ansible.builtin.debug", "-a", "msg={{ %s }}" % expr],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+                             check=False)
+        return json.loads(out.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+    res = debug("lookup('vllm_ops.deploy.vllm_profile', 'minimax-m2.5-tp4', "
+                "overrides={'max_model_len': 65536}) | to_json")
+    prof = json.loads(res["msg"])
+    assert prof["max_model_len"] == 65536 and prof["parallel"]["tensor"] == 4
+    res = debug("lookup('vllm_ops.deploy.vllm_profile', 'gpt-9', variable='vllm_service_profile')")
+    assert res["failed"] is True
+    assert "vllm_service_profile: unknown vLLM profile 'gpt-9'" in res["msg"]

@@ -1,19 +1,16 @@
 """Unit tests for plugins/module_utils/vllm_instances.py: several instances per host and the
 refusals (ports, GPU sets, parallel sizes, unknown profile, model limit), with numbers."""
-import glob
-import os
-
 import pytest
 import yaml
 
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_instances import (gpu_memory_mib, model_max_len, parse_gpu_set,
-                                                 resolve_instances)
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_instances import (
+    gpu_memory_mib, model_max_len, parse_gpu_set, resolve_instances)
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.vllm_profiles import known_profiles
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROFILES = {}
-for _p in glob.glob(os.path.join(ROOT, "roles", "vllm_service", "vars", "profiles", "*.yml")):
-    with open(_p) as _f:
-        PROFILES[os.path.basename(_p)[:-4]] = yaml.safe_load(_f)["vllm_service_profile"]
+for _name, _path in known_profiles().items():
+    with open(_path) as _f:
+        PROFILES[_name] = yaml.safe_load(_f)
 
 DEFAULTS = dict(name="main", port=8000, host="0.0.0.0", profile="", profile_overrides={},
                 model_dir="/srv/models/m", served_model_name="", args=[], extra_args=[],

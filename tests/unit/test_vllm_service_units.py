@@ -4,7 +4,6 @@ the role's filters, and check each unit with `systemd-analyze verify` (no warnin
 The interpreter path in ExecStart points at a stub executable in a temp dir: verify checks that
 ExecStart's binary exists and is executable, which the real venv path is not on this machine.
 """
-import glob
 import os
 import re
 import shutil
@@ -16,11 +15,12 @@ import yaml
 
 from ansible_collections.vllm_ops.deploy.plugins.filter import systemd as systemd_filters
 from ansible_collections.vllm_ops.deploy.plugins.filter import vllm_instances as instance_filters
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.vllm_profiles import (
+    known_profiles, load_profile)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE = os.path.join(ROOT, "roles", "vllm_service")
-PROFILES = sorted(os.path.basename(p)[:-4]
-                  for p in glob.glob(os.path.join(ROLE, "vars", "profiles", "*.yml")))
+PROFILES = sorted(known_profiles())
 
 needs_systemd = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
                                    reason="systemd-analyze not installed")
@@ -33,17 +33,13 @@ for _mod in (systemd_filters, instance_filters):
 
 
 def load_profiles():
-    out = {}
-    for name in PROFILES:
-        with open(os.path.join(ROLE, "vars", "profiles", name + ".yml")) as f:
-            out[name] = yaml.safe_load(f)["vllm_service_profile"]
-    return out
+    return {name: load_profile(name) for name in PROFILES}
 
 
 def role_defaults():
     with open(os.path.join(ROLE, "defaults", "main.yml")) as f:
         d = yaml.safe_load(f)
-    # Values that are templates in defaults/main.yml, as host_prep/vllm_install set them.
+    # Values that are templates in defaults/main.yml, as the shared role vllm_deploy sets them.
     d.update(vllm_service_user="vllm", vllm_service_group="vllm",
              vllm_service_home="/var/lib/vllm", vllm_service_config_dir="/etc/vllm-deploy",
              ansible_managed="Ansible managed: test render")
@@ -64,7 +60,7 @@ def resolve(profile, python, **over):
                 extra_args=[], env={}, cuda_visible_devices="", python=python,
                 home="/var/lib/vllm")
     inst.update(over)
-    out = FILTERS["vllm_ops.deploy.vllm_resolve_instances"]([], inst, load_profiles())
+    out = FILTERS["vllm_ops.deploy.vllm_resolve_instances"]([], inst)
     assert out["errors"] == []
     return out["instances"][0]
 
@@ -182,7 +178,7 @@ def test_two_instances_render_two_valid_units(tmp_path):
     out = FILTERS["vllm_ops.deploy.vllm_resolve_instances"](
         [{"name": "a", "port": 8001, "cuda_visible_devices": "0,1,2,3"},
          {"name": "b", "port": 8002, "cuda_visible_devices": "4,5,6,7"}],
-        defaults, load_profiles(), 8)
+        defaults, [], 8)
     assert out["errors"] == []
     for inst in out["instances"]:
         variables = role_defaults()
