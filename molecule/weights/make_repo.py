@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Lay out the test repository the scenario's hub serves: the tiny model, an FP8-style
 hf_quant_config.json (its KV-cache entry is what the scenario's override removes), a README
 (skipped by ignore_patterns) and three 2 MB dummy shards in a subfolder (stored as LFS

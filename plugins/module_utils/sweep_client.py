@@ -46,7 +46,7 @@ except ImportError:  # the module reports this with the interpreter's path
     HAS_AIOHTTP = False
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import (
-    Record, headline, percentile, saturation_check, server_counters, server_cross_check,
+    PROMETHEUS_PARSER, Record, headline, percentile, saturation_check, server_counters, server_cross_check,
     summarize_level,
 )
 
@@ -506,6 +506,7 @@ class Sweep(object):
             "python_version": "%d.%d.%d" % sys.version_info[:3],
             "aiohttp_version": aiohttp.__version__,
             "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
+            "metrics_parser": PROMETHEUS_PARSER,
             "cpu_s_total": round(time.process_time() - cpu0, 4),
             "loop_lag_limit_ms": LOOP_LAG_LIMIT_MS,
             "cpu_limit": CPU_LIMIT,

@@ -1,5 +1,6 @@
 # -*- coding: utf-8 -*-
-"""Metric computations for the throughput sweep (pure Python, stdlib only).
+"""Metric computations for the throughput sweep (pure Python: the standard library, and
+prometheus_client's parser when the interpreter has it).
 
 Definitions (the module documentation repeats them; all times are seconds from one monotonic
 clock, reported in milliseconds):
@@ -16,9 +17,12 @@ clock, reported in milliseconds):
   TPOT). vLLM's name; guidellm/aiperf call this "ITL".
 * ITL = the gaps between consecutive token chunks of one request (vLLM's name); a chunk may carry
   several tokens (speculative decoding), reported as tokens per chunk.
-* Percentiles use linear interpolation between closest ranks (numpy's default ``linear``
-  method): rank h = (n - 1) * p / 100, value = x[floor(h)] + (h - floor(h)) *
-  (x[floor(h) + 1] - x[floor(h)]) on the sorted values.
+* Percentiles are ``statistics.quantiles(values, n=100, method="inclusive")``: linear
+  interpolation between closest ranks, numpy's default ``linear`` method (rank
+  h = (n - 1) * p / 100 on the sorted values).
+* /metrics (Prometheus text format) is parsed with prometheus_client's parser, which every
+  vLLM venv has (the sweep runs with the vLLM venv's python on the GPU host); a load generator
+  whose python lacks it uses the small parser here (``PROMETHEUS_PARSER`` says which).
 * Steady-state window [w0, w1]: w0 is the completion time of the last warm-up request, w1 the
   completion time of the request that closed the window (the first completion at or after
   w0 + duration once enough requests were measured). Requests still running at w1 (the drain)
@@ -40,6 +44,14 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
+
+try:
+    from prometheus_client.parser import text_string_to_metric_families
+    PROMETHEUS_PARSER = "prometheus_client"
+except ImportError:  # a load generator without it: the parser below
+    text_string_to_metric_families = None
+    PROMETHEUS_PARSER = "builtin"
 
 PERCENTILES = (50, 90, 99)
 OUTPUT_LENGTH_MISS_LIMIT = 0.01  # a level where more than 1 % of requests miss is marked
@@ -116,27 +128,36 @@ class Record(object):
         }
 
 
+def _cut_points(xs):
+    """The 99 percentile cut points 1..99 of two or more values (statistics.quantiles)."""
+    return statistics.quantiles(xs, n=100, method="inclusive")
+
+
 def percentile(values, p):
-    """Percentile ``p`` (0..100) by linear interpolation (numpy's default); None if empty."""
+    """Percentile ``p`` (an integer 0..100) by linear interpolation (numpy's default); None
+    if there are no values."""
     if not values:
         return None
-    if p < 0 or p > 100:
-        raise ValueError("percentile p must be within 0..100, got %r" % (p,))
+    if p < 0 or p > 100 or int(p) != p:
+        raise ValueError("percentile p must be an integer within 0..100, got %r" % (p,))
     xs = sorted(values)
-    h = (len(xs) - 1) * p / 100.0
-    lo = int(math.floor(h))
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (h - lo) * (xs[hi] - xs[lo])
+    if p == 0 or len(xs) == 1:
+        return xs[0]
+    if p == 100:
+        return xs[-1]
+    return _cut_points(xs)[int(p) - 1]
 
 
 def describe(values, scale=1000.0, digits=3):
     """mean/p50/p90/p99/max of ``values`` (seconds), scaled (default: to ms)."""
     if not values:
         return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
-    out = {"count": len(values), "mean": round(sum(values) / len(values) * scale, digits)}
+    out = {"count": len(values), "mean": round(statistics.fmean(values) * scale, digits)}
+    xs = sorted(values)
+    cuts = _cut_points(xs) if len(xs) > 1 else None
     for p in PERCENTILES:
-        out["p%d" % p] = round(percentile(values, p) * scale, digits)
-    out["max"] = round(max(values) * scale, digits)
+        out["p%d" % p] = round((cuts[p - 1] if cuts else xs[0]) * scale, digits)
+    out["max"] = round(xs[-1] * scale, digits)
     return out
 
 
@@ -359,8 +380,26 @@ def _parse_labels(text, i):
     raise ValueError("unterminated label set in %r" % (text,))
 
 
-def parse_prometheus(text):
-    """Samples of a Prometheus text exposition: a list of (name, labels dict, float value)."""
+def parse_prometheus(text, library=None):
+    """Samples of a Prometheus text exposition: a list of (name, labels dict, float value).
+
+    prometheus_client's parser when it is importable (``library`` None or True), else (or with
+    ``library=False``) the parser below. Raises ValueError on a malformed exposition."""
+    if library is None:
+        library = text_string_to_metric_families is not None
+    if library:
+        if text_string_to_metric_families is None:
+            raise ValueError("prometheus_client is not importable by this interpreter")
+        try:
+            return [(s.name, dict(s.labels), float(s.value))
+                    for family in text_string_to_metric_families(text) for s in family.samples]
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            raise ValueError("malformed Prometheus text: %s" % exc)
+    return _parse_prometheus_builtin(text)
+
+
+def _parse_prometheus_builtin(text):
+    """The fallback parser: names, label sets with escapes, the value (timestamps ignored)."""
     samples = []
     for raw in text.splitlines():
         line = raw.strip()

@@ -5,7 +5,7 @@ adds what the role needs on top: a pin identity that also covers extra requireme
 excluded packages (each distinct package set gets its own venv, so a change is a blue/green
 switch and never an in-place rebuild of the serving venv), and the exact uv command line.
 
-Pure Python (stdlib only, Python >= 3.9).
+Pure Python (Python >= 3.9); wheel names through vllm_source (packaging where importable).
 """
 from __future__ import annotations
 
@@ -15,32 +15,25 @@ import posixpath
 import re
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_source import (
-    SourceError, index_url, install_command, metadata_url, select_wheel,
-    validate_source, variant_missing_message, variants_from_project_list,
-    version_matches_pin)
+    SourceError, index_url, install_command, metadata_url, normalize_name,
+    parse_wheel_filename, select_wheel, validate_source, variant_missing_message,
+    variants_from_project_list, version_matches_pin)
 
 _REQ_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*"
                      r"((==|>=|<=|~=|!=|<|>)[^\s;]+(\s*,\s*(==|>=|<=|~=|!=|<|>)[^\s;]+)*)?$")
 _PKG_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 TORCH_BACKEND_RE = re.compile(r"^(auto|none|cpu|cu[0-9]{2,3}|rocm[0-9.]+|xpu)$")
-# PEP 427 wheel file names: {distribution}-{version}(-{build})?-{python}-{abi}-{platform}.whl
-_WHEEL_RE = re.compile(r"^(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._]*[A-Za-z0-9])?)-"
-                       r"(?P<version>[^-]+)(?:-(?P<build>[0-9][^-]*))?-[^-]+-[^-]+-[^-]+\.whl$")
 # Never installed into the venv from a no-deps wheelhouse: the installer itself.
 NO_DEPS_SKIP = ("uv",)
 
 
-def normalize_name(name):
-    """PEP 503 normalized distribution name (Flash_Infer.python -> flash-infer-python)."""
-    return re.sub(r"[-_.]+", "-", str(name)).lower()
-
-
 def parse_wheel_name(filename):
     """(normalized name, version) of a wheel file name, or None when it is not one."""
-    m = _WHEEL_RE.match(posixpath.basename(str(filename)))
-    if not m:
+    try:
+        info = parse_wheel_filename(posixpath.basename(str(filename)))
+    except SourceError:
         return None
-    return normalize_name(m.group("name")), m.group("version")
+    return info["package_name"], info["version"]
 
 
 def find_wheel(filenames, name, version=""):

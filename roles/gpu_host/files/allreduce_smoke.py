@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """NCCL all-reduce smoke test: one process per GPU, hard timeout, JSON on stdout.
 
 Run it with the vLLM venv's python, with the NCCL environment under test exported:

