@@ -189,8 +189,14 @@ def render_sweeps(console, sweeps) -> None:
     if not sweeps:
         console.print("no saved sweep results in the inventory's host_vars")
         return
-    for host, s in sorted(sweeps.items()):
-        t = Table(title="%s: %s, vLLM %s, %s" % (host, s.model, s.vllm_version, s.measured_at),
+    rows = []
+    for host, top in sorted(sweeps.items()):
+        for name, s in sorted((top.instances or {"": top}).items()):
+            rows.append(("%s/%s" % (host, name) if name and len(top.instances) > 1 else host, s))
+    for where, s in rows:
+        t = Table(title="%s: %s%s, vLLM %s, %s" % (
+                      where, s.model, " (profile %s)" % s.profile if s.profile else "",
+                      s.vllm_version, s.measured_at),
                   caption="single stream %s tok/s; peak %s tok/s at concurrency %s; %s" % (
                       s.single_stream_tok_s, s.peak_output_tok_s, s.peak_level,
                       s.stop_reason or ""))

@@ -124,7 +124,13 @@ class SweepLevel(_ToDict):
 
 @dataclass
 class SweepSummary(_ToDict):
-    """``vllm_benchmark_results`` (what the vllm_benchmark role writes to host_vars)."""
+    """``vllm_benchmark_results`` (what the vllm_benchmark role writes to host_vars).
+
+    The file holds one record per vLLM instance of the host under ``instances`` and the first
+    instance's record again at the top; files written before instances were swept one by one
+    hold the top record only. ``SweepSummary`` is the top record (as before) and ``instances``
+    maps each instance's name to its own summary (for an older file: its one record, under the
+    instance name of its provenance, else ``main``)."""
     host: str
     model: str
     measured_at: Optional[str]
@@ -135,10 +141,29 @@ class SweepSummary(_ToDict):
     peak_level: Optional[int]
     stop_reason: Optional[str]
     levels: List[SweepLevel]
+    instance: Optional[str] = None
+    profile: Optional[str] = None
+    instances: Dict[str, "SweepSummary"] = field(default_factory=dict)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_fact(cls, host: str, fact: Optional[dict]) -> Optional["SweepSummary"]:
+        top = cls._record(host, fact)
+        if top is None:
+            return None
+        records = fact.get("instances")
+        if isinstance(records, dict) and records:
+            for name, record in records.items():
+                summary = cls._record(host, record, name=str(name))
+                if summary is not None:
+                    top.instances[str(name)] = summary
+        else:
+            top.instances[top.instance or "main"] = cls._record(host, fact, name=top.instance)
+        return top
+
+    @classmethod
+    def _record(cls, host: str, fact: Optional[dict],
+                name: Optional[str] = None) -> Optional["SweepSummary"]:
         if not isinstance(fact, dict) or "levels" not in fact:
             return None
         prov = fact.get("provenance") or {}
@@ -163,7 +188,9 @@ class SweepSummary(_ToDict):
                    single_stream_tok_s=_num(head.get("single_stream_tok_s")),
                    peak_output_tok_s=_num(head.get("peak_output_tok_s")),
                    peak_level=_num(head.get("peak_level"), int),
-                   stop_reason=fact.get("stop_reason"), levels=levels, raw=dict(fact))
+                   stop_reason=fact.get("stop_reason"), levels=levels,
+                   instance=name or prov.get("instance"), profile=prov.get("profile"),
+                   raw=dict((k, v) for k, v in fact.items() if k != "instances"))
 
 
 @dataclass

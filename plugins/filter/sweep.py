@@ -1,7 +1,11 @@
-"""Filters for the sweep results kept in the inventory (the logic is in
-plugins/plugin_utils/sweep_report.py, shared with the reports)."""
+"""Filters of the vllm_benchmark role: the compact per-level view kept in host_vars, and the
+configuration and fingerprint a sweep's result belongs to (the logic is in
+plugins/plugin_utils/sweep_report.py and plugins/plugin_utils/benchmark.py)."""
 from __future__ import annotations
 
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils import benchmark
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.sweep_report import compact_level
 
 
@@ -10,6 +14,31 @@ def vllm_sweep_compact(level):
     return compact_level(level)
 
 
+def vllm_benchmark_config(target, sweep, context=None, secret_pattern=None):
+    """The configuration of one instance a sweep's result belongs to: rendered argv,
+    environment without secrets (by name), resolved profile, model, sweep settings."""
+    try:
+        return benchmark.instance_config(target, sweep, context, secret_pattern)
+    except benchmark.BenchmarkError as exc:
+        raise AnsibleFilterError("vllm_benchmark_config: %s" % exc)
+
+
+def vllm_benchmark_fingerprint(config):
+    """16 hex digits identifying a configuration (see vllm_benchmark_config)."""
+    return benchmark.fingerprint(config)
+
+
+def vllm_public_env(env, secret_pattern=None):
+    """An environment without the variables whose name looks like a secret."""
+    try:
+        return benchmark.public_env(env, secret_pattern)
+    except benchmark.BenchmarkError as exc:
+        raise AnsibleFilterError("vllm_public_env: %s" % exc)
+
+
 class FilterModule(object):
     def filters(self):
-        return {"vllm_sweep_compact": vllm_sweep_compact}
+        return {"vllm_sweep_compact": vllm_sweep_compact,
+                "vllm_benchmark_config": vllm_benchmark_config,
+                "vllm_benchmark_fingerprint": vllm_benchmark_fingerprint,
+                "vllm_public_env": vllm_public_env}

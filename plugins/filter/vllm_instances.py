@@ -47,13 +47,19 @@ def vllm_gpu_memory_mib(gpu_facts, gpus=None):
 
 
 def vllm_instance_endpoints(instances, ready_results=None):
-    """What other roles need of each instance: url, model, unit, port, ready_after_s."""
+    """What other roles need of each instance: url, model, unit, port, ready_after_s, and the
+    configuration it runs (rendered argv, environment, profile name and resolved profile, GPU
+    set, model directory) for the benchmark's fingerprint and provenance. No secrets: they are
+    never part of an instance's argv or env (refused there; they live in the 0600 file)."""
     ready = {}
     for res in ready_results or []:
         item = res.get("item") or {}
         ready[item.get("name")] = res.get("elapsed_s")
     return [{"name": i["name"], "url": i["url"], "model": i["served_model_name"],
-             "unit": i["unit"], "port": i["port"], "ready_after_s": ready.get(i["name"])}
+             "unit": i["unit"], "port": i["port"], "ready_after_s": ready.get(i["name"]),
+             "argv": list(i["argv"]), "env": dict(i["env"]), "profile": i["profile"],
+             "profile_config": i.get("profile_config") or {}, "gpus": i["gpus"],
+             "model_dir": i["model_dir"]}
             for i in instances]
 
 

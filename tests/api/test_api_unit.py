@@ -141,6 +141,8 @@ def test_sweep_summary_from_saved_results(inventory):
     assert s.peak_output_tok_s == max(lv.output_tok_s for lv in s.levels)
     assert s.levels[0].ttft_p50_ms is not None and s.levels[0].requests_failed == 0
     assert json.loads(json.dumps(s.to_dict()))["levels"][0]["concurrency"] == 1
+    # a file written before instances were swept one by one: its record is instance "main"
+    assert list(s.instances) == ["main"] and s.instances["main"].levels == s.levels
 
 
 def test_status_serving_needs_active_health_and_model():

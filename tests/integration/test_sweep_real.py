@@ -74,7 +74,7 @@ def server(tmp_path_factory):
             if time.time() > deadline:
                 pytest.fail("vLLM not healthy after 600 s, see %s" % log.name)
             time.sleep(2)
-        yield {"base": base, "tmp": tmp}
+        yield {"base": base, "tmp": tmp, "model": model, "port": port}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -235,9 +235,13 @@ def play(ws, extra=None, check=False, diff=False):
     return out.returncode, text, recap
 
 
-def report_runs(ws):
-    base = ws["tmp"] / "reports" / "gpu"
-    return sorted(base.iterdir()) if base.is_dir() else []
+def report_runs(ws, host="gpu", instance="main"):
+    """The host's run directories, <report_root>/<host>/<instance>/<UTC timestamp>/."""
+    base = ws["tmp"] / "reports" / host
+    if base.is_dir():
+        assert [p.name for p in base.iterdir()] == [instance]
+        return sorted((base / instance).iterdir())
+    return []
 
 
 def assert_png(path):
@@ -403,3 +407,98 @@ def yaml_load(path):
     import yaml
     with open(str(path)) as f:
         return yaml.safe_load(f)
+
+
+# --- the fingerprint: a switched profile (same served model name) is measured again ---------
+
+PROFILE_PLAY = """
+- name: Resolve the instance as vllm_service does, publish it, benchmark it
+  hosts: loadgen
+  gather_facts: false
+  tasks:
+    - name: Resolve the instances (profile loaded, merged and validated; argv rendered)
+      ansible.builtin.include_role:
+        name: vllm_ops.deploy.vllm_service
+        tasks_from: instances
+    - name: Publish the endpoints, as vllm_service does once they serve
+      ansible.builtin.include_role:
+        name: vllm_ops.deploy.vllm_service
+        tasks_from: endpoints
+    - name: Benchmark them
+      ansible.builtin.include_role:
+        name: vllm_ops.deploy.vllm_benchmark
+"""
+
+
+@pytest.fixture(scope="module")
+def profile_runs(server):
+    """The same running server described by different profiles, the way vllm_service
+    publishes an instance (the server itself is not restarted: the role cannot tell, which is
+    the point: only the configuration decides whether a stored result is reused)."""
+    import yaml
+    tmp = server["tmp"] / "profiles"
+    (tmp / "inv").mkdir(parents=True)
+    (tmp / "mine").mkdir()
+    (tmp / "inv" / "hosts.yml").write_text(json.dumps({"all": {"hosts": {"loadgen": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
+    (tmp / "play.yml").write_text(PROFILE_PLAY)
+    # a second CPU profile of the user's own: cpu-tiny with a 256-token context
+    with open(os.path.join(ROOT, "profiles", "cpu-tiny.yml")) as f:
+        other = yaml.safe_load(f)
+    other.update(name="cpu-tiny-256", description="cpu-tiny with a 256-token context",
+                 max_model_len=256)
+    (tmp / "mine" / "cpu-tiny-256.yml").write_text(yaml.safe_dump(other))
+    ws = {"tmp": tmp, "inv": tmp / "inv", "vars": {
+        "vllm_service_profile": "cpu-tiny", "vllm_service_host": "127.0.0.1",
+        "vllm_service_port": server["port"], "vllm_service_model_dir": server["model"],
+        "vllm_service_served_model_name": "tiny", "vllm_service_api_key": API_KEY,
+        "vllm_deploy_profile_dirs": [str(tmp / "mine")],
+        "vllm_benchmark_python": VLLM_PYTHON, "vllm_benchmark_levels": [1],
+        "vllm_benchmark_input_len": 16, "vllm_benchmark_output_len": 8,
+        "vllm_benchmark_duration_s": 2, "vllm_benchmark_report": False,
+        "vllm_benchmark_request_log_dir": str(tmp)}}
+    results = tmp / "inv" / "host_vars" / "loadgen" / "vllm_benchmark.yml"
+
+    def run(**extra):
+        path = tmp / "vars.json"
+        path.write_text(json.dumps(dict(ws["vars"], **extra)))
+        out = subprocess.run([PLAYBOOK, "-i", str(tmp / "inv" / "hosts.yml"), str(tmp / "play.yml"),
+                              "-e", "@%s" % path], cwd=ROOT, capture_output=True, text=True,
+                             timeout=900, check=False,
+                             env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0"))
+        text = out.stdout + out.stderr
+        assert out.returncode == 0, text[-4000:]
+        record = yaml_load(results)["vllm_benchmark_results"]
+        return " ".join(text.split()), record, results.read_bytes()
+
+    steps = [("cpu-tiny", run())]
+    steps.append(("cpu-tiny again", run()))
+    steps.append(("cpu-tiny-256", run(vllm_service_profile="cpu-tiny-256")))
+    steps.append(("cpu-tiny + override", run(vllm_service_profile_overrides={"max_model_len": 256})))
+    return steps
+
+
+def test_a_switched_profile_is_measured_again_an_unchanged_one_is_not(profile_runs):
+    (_, (out1, r1, b1)), (_, (out2, r2, b2)), (_, (out3, r3, b3)), (_, (out4, r4, b4)) = \
+        profile_runs
+    main1, main3, main4 = r1["instances"]["main"], r3["instances"]["main"], r4["instances"]["main"]
+    # 1: measured, with the instance's configuration in its provenance
+    assert main1["provenance"]["profile"] == "cpu-tiny" and main1["provenance"]["instance"] == "main"
+    argv = main1["provenance"]["argv"]
+    assert argv[argv.index("--max-model-len") + 1] == "512"
+    assert API_KEY not in json.dumps(r1)
+    assert r1["fingerprint"] == main1["fingerprint"]  # the first instance at the top, as before
+    # 2: nothing changed: the stored result is reused, the file is left alone
+    assert "stored result: configuration unchanged" in out2 and b2 == b1
+    # 3: another profile (the same served model name, "tiny"): measured again, not reused
+    assert "stored result: configuration unchanged" not in out3
+    assert main3["fingerprint"] != main1["fingerprint"]
+    assert main3["provenance"]["profile"] == "cpu-tiny-256"
+    argv = main3["provenance"]["argv"]
+    assert argv[argv.index("--max-model-len") + 1] == "256"
+    assert main3["provenance"]["model"] == main1["provenance"]["model"] == "tiny"
+    # 4: cpu-tiny with an override renders the same argv as cpu-tiny-256, but it is another
+    # profile: measured again too
+    assert main4["provenance"]["argv"] == main3["provenance"]["argv"]
+    assert "stored result: configuration unchanged" not in out4
+    assert len({main1["fingerprint"], main3["fingerprint"], main4["fingerprint"]}) == 3

@@ -1,0 +1,74 @@
+"""What a throughput sweep's result belongs to: one instance's configuration and its
+fingerprint (controller side, for the vllm_benchmark role through the filters
+vllm_ops.deploy.vllm_benchmark_config and vllm_ops.deploy.vllm_benchmark_fingerprint).
+
+A stored result is reused only when the instance's configuration is unchanged: its rendered
+argv and environment (variables whose name looks like a secret are left out, by name), its
+resolved model profile (the profile file merged with its overrides), the model, the weights,
+the vLLM version and the sweep settings. Switching a host from one profile to another (even
+one with the same served model name) or changing one override therefore measures again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+# Environment variables never hashed (nor shown in provenance): the names of secrets.
+SECRET_ENV = r"(?i)(^|_)(TOKEN|API_KEY|APIKEY|SECRET|PASSWORD|PASSWD|ACCESS_KEY|CREDENTIALS?|PRIVATE_KEY)($|_)"
+
+# The sweep settings that change what is measured.
+SWEEP_KEYS = ("levels", "input_len", "output_len", "duration_s", "slo_ttft_ms", "slo_tpot_ms",
+              "saturation_threshold", "stop_on_saturation", "chunk_usage")
+
+
+class BenchmarkError(ValueError):
+    """A target or settings the fingerprint cannot be built from."""
+
+
+def public_env(env, pattern=None):
+    """``env`` without the variables whose name matches ``pattern`` (default SECRET_ENV)."""
+    if env is None:
+        return {}
+    if not isinstance(env, dict):
+        raise BenchmarkError("an instance's env must be a mapping, got %r" % (env,))
+    rx = re.compile(pattern or SECRET_ENV)
+    return dict((str(k), str(v)) for k, v in sorted(env.items()) if not rx.search(str(k)))
+
+
+def instance_config(target, sweep, context=None, pattern=None):
+    """The configuration a result belongs to.
+
+    target: one instance as vllm_service publishes it (vllm_service_endpoints: name, model,
+        argv, env, profile, profile_config, model_dir).
+    sweep: the sweep settings (SWEEP_KEYS).
+    context: what else the server's speed depends on (vllm version, weights size).
+    """
+    if not isinstance(target, dict) or not target.get("name"):
+        raise BenchmarkError("a benchmark target needs a name, got %r" % (target,))
+    missing = [k for k in SWEEP_KEYS if k not in (sweep or {})]
+    if missing:
+        raise BenchmarkError("sweep settings lack %s" % ", ".join(missing))
+    argv = target.get("argv") or []
+    if not isinstance(argv, list):
+        raise BenchmarkError("instance %s: argv must be a list, got %r" % (target["name"], argv))
+    config = {
+        "instance": str(target["name"]),
+        "model": str(target.get("model") or ""),
+        "model_dir": str(target.get("model_dir") or ""),
+        "argv": [str(a) for a in argv],
+        "env": public_env(target.get("env"), pattern),
+        "profile": str(target.get("profile") or ""),
+        "profile_config": target.get("profile_config") or {},
+        "sweep": dict((k, sweep[k]) for k in SWEEP_KEYS),
+    }
+    if not config["argv"]:  # an endpoint vllm_service does not describe: its URL is all we know
+        config["url"] = str(target.get("url") or "")
+    config.update(dict((str(k), v) for k, v in sorted((context or {}).items())))
+    return config
+
+
+def fingerprint(config):
+    """16 hex digits of the sha256 of the configuration as canonical JSON."""
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
