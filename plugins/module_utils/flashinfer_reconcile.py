@@ -50,7 +50,7 @@ def cuda_tag(torch_cuda):
 
 def split_local(version):
     """'0.6.16+cu130' -> ('0.6.16', 'cu130'); '0.6.16' -> ('0.6.16', None)."""
-    public, _, local = str(version).partition("+")
+    public, _unused, local = str(version).partition("+")
     return public, (local or None)
 
 
@@ -160,6 +160,22 @@ def describe(actions):
             src = " (from %s)" % mask_url(a["index_url"]) if a.get("index_url") else ""
             lines.append("%s: %s -> %s%s" % (a["package"], a["from"], a["to"], src))
     return lines
+
+
+def predict_versions(versions, actions):
+    """The installed versions once ``actions`` ran (what check mode reports)."""
+    out = dict(versions)
+    for a in actions:
+        out[a["package"]] = None if a["action"] == "uninstall" else a["to"]
+    return out
+
+
+def versions_diff(before, after):
+    """An Ansible diff of the packages: one ``name==version`` line each (absent: not listed)."""
+    def text(versions):
+        return "".join("%s==%s\n" % (p, versions[p]) for p in PACKAGES if versions.get(p))
+    return {"before": text(before), "after": text(after),
+            "before_header": "flashinfer packages", "after_header": "flashinfer packages"}
 
 
 def public_actions(actions):

@@ -262,7 +262,7 @@ def parse_iommu_cmdline(cmdline, iommu_groups=None):
     for token in (cmdline or "").split():
         if token == "--":
             break  # what follows is for init, not the kernel
-        key, _, value = token.partition("=")
+        key, _unused, value = token.partition("=")
         if key in ("iommu", "intel_iommu", "amd_iommu", "iommu.passthrough", "iommu.strict"):
             params[key] = value
     values = {k: v.split(",") for k, v in params.items()}

@@ -1,6 +1,6 @@
 """Pure logic for pinned Hugging Face weight downloads (no Ansible, no huggingface_hub).
 
-Used by plugins/modules/hf_model_download.py. Everything here works on plain dicts and the
+Used by plugins/module_utils/hf_download.py (the hf_model_download module). Everything here works on plain dicts and the
 local filesystem so it can be unit-tested without a network:
 
 * pattern validation and filtering (same semantics as huggingface_hub's filter_repo_objects:

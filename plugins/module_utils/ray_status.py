@@ -121,4 +121,3 @@ def check_cluster(nodes, expected):
                                          _fmt(alive[i["ip"]]["gpus"])) for i in expected))
     return {"ok": not missing, "missing": missing, "extra": extra, "nodes": alive,
             "message": message}
-

@@ -46,9 +46,8 @@ except ImportError:  # the module reports this with the interpreter's path
     HAS_AIOHTTP = False
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import (
-    PROMETHEUS_PARSER, Record, headline, percentile, saturation_check, server_counters, server_cross_check,
-    summarize_level,
-)
+    PROMETHEUS_PARSER, Record, headline, percentile, saturation_check, server_counters,
+    server_cross_check, summarize_level)
 
 READ_BUFSIZE = 4 * 1024 * 1024
 LOOP_TICK_S = 0.01
@@ -268,11 +267,11 @@ class Sweep(object):
         body = {"model": p["model"], "max_tokens": n, "min_tokens": n, "ignore_eos": True,
                 "temperature": 0.0, "stream": True, "stream_options": stream_options}
         if p["endpoint"] == "chat":
-            words = " ".join(rng.choice(CHAT_WORDS) for _ in range(p["input_len"]))
+            words = " ".join(rng.choice(CHAT_WORDS) for _unused in range(p["input_len"]))
             body["messages"] = [{"role": "user", "content": words}]
         else:
             v = self.vocab_size
-            body["prompt"] = [rng.randrange(v) for _ in range(p["input_len"])]
+            body["prompt"] = [rng.randrange(v) for _unused in range(p["input_len"])]
         return json.dumps(body).encode()
 
     async def request(self, rec, body):
@@ -417,7 +416,7 @@ class Sweep(object):
             state.setdefault("cpu_w0", cpu_start)
             state["cpu_w1"] = state.get("cpu_w1") or time.process_time()
         summary = summarize_level(records, conc, w0, w1, p["output_len"], slo=self.slo())
-        win_lags = [x for t, x in lags if w0 <= t <= w1] or [x for _, x in lags]
+        win_lags = [x for t, x in lags if w0 <= t <= w1] or [x for _unused, x in lags]
         cpu_win = state.get("cpu_w1", cpu_level) - state.get("cpu_w0", 0.0)
         lag_p99 = (percentile(win_lags, 99) or 0.0) * 1000.0
         cpu_util = cpu_win / (w1 - w0)
@@ -426,8 +425,8 @@ class Sweep(object):
         if lag_p99 > LOOP_LAG_LIMIT_MS:
             limited.append("event-loop lag p99 %.1f ms > %.1f ms" % (lag_p99, LOOP_LAG_LIMIT_MS))
         if cpu_util > CPU_LIMIT:
-            limited.append("client CPU %.0f%% of a core > %.0f%%" % (cpu_util * 100,
-                                                                      CPU_LIMIT * 100))
+            limited.append("client CPU %.0f%% of a core > %.0f%%"
+                           % (cpu_util * 100, CPU_LIMIT * 100))
         summary["client"] = {
             "cpu_s_level": round(cpu_level, 4),
             "cpu_s_window": round(cpu_win, 4),

@@ -1,17 +1,19 @@
-"""Readiness checks for a vLLM OpenAI-compatible endpoint (stdlib only).
+"""Readiness checks for a vLLM OpenAI-compatible endpoint (the standard library and
+ansible.module_utils.urls, which every module payload carries).
 
 Ready means, in order: GET /health answers 200 (a refused connection means still loading;
-503 means the engine died: the caller's on_wait decides whether to keep waiting), GET /v1/models lists the served model name, and one real
-completion returns exactly the requested number of tokens (counted by the server's usage).
+503 means the engine died: the caller's on_wait decides whether to keep waiting), GET
+/v1/models lists the served model name, and one real completion returns exactly the requested
+number of tokens (counted by the server's usage).
 """
 from __future__ import annotations
 
 import json
 import socket
 import time
-
 from urllib.error import HTTPError, URLError
-from urllib.request import Request, urlopen
+
+from ansible.module_utils.urls import open_url
 
 
 class EndpointError(Exception):
@@ -36,9 +38,9 @@ def _request(url, api_key=None, body=None, timeout=10.0):
         headers["Content-Type"] = "application/json"
     if api_key:
         headers["Authorization"] = "Bearer " + api_key
-    req = Request(url, data=data, headers=headers, method="POST" if data else "GET")
     try:
-        with urlopen(req, timeout=timeout) as resp:
+        with open_url(url, data=data, headers=headers, method="POST" if data else "GET",
+                      timeout=timeout) as resp:
             return resp.status, resp.read()
     except HTTPError as e:
         return e.code, e.read()
@@ -47,7 +49,7 @@ def _request(url, api_key=None, body=None, timeout=10.0):
 def health(base_url, timeout=5.0):
     """Return the HTTP status of /health, or None when nothing accepts the connection yet."""
     try:
-        status, _ = _request(base_url.rstrip("/") + "/health", timeout=timeout)
+        status, _unused = _request(base_url.rstrip("/") + "/health", timeout=timeout)
         return status
     except (URLError, ConnectionError, socket.timeout, OSError):
         return None

@@ -15,9 +15,9 @@ import posixpath
 import re
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_source import (
-    SourceError, index_url, install_command, metadata_url, normalize_name,
-    parse_wheel_filename, select_wheel, validate_source, variant_missing_message,
-    variants_from_project_list, version_matches_pin)
+    SourceError, index_url, install_command, metadata_url, normalize_name, parse_wheel_filename,
+    select_wheel, validate_source, variant_missing_message, variants_from_project_list,
+    version_matches_pin)
 
 _REQ_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*"
                      r"((==|>=|<=|~=|!=|<|>)[^\s;]+(\s*,\s*(==|>=|<=|~=|!=|<|>)[^\s;]+)*)?$")
@@ -72,10 +72,10 @@ def no_deps_wheels(filenames, package, version, excludes=(), prefix="vllm_instal
         chosen.append(filename)
     twice = dict((n, files) for n, files in seen.items() if len(files) > 1)
     if twice:
+        listed = "; ".join("%s (%s)" % (n, ", ".join(f)) for n, f in sorted(twice.items()))
         raise SourceError("%s holds more than one wheel of %s; with %sno_deps every wheel is "
                           "installed, so keep one of each"
-                          % (wheelhouse, "; ".join("%s (%s)" % (n, ", ".join(f))
-                                                    for n, f in sorted(twice.items())),
+                          % (wheelhouse, listed,
                              wheelhouse + "_"))
     if not find_wheel(chosen, package, version):
         present = [parse_wheel_name(f)[1] for f in seen.get(normalize_name(package), [])]

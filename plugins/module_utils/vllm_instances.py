@@ -25,8 +25,7 @@ from __future__ import annotations
 import re
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_profile import (
-    ProfileError, _check_secrets_in_args, parse_flags, render_argv, resolve_profile,
-    validate_env)
+    ProfileError, _check_secrets_in_args, parse_flags, render_argv, resolve_profile, validate_env)
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 ENTRYPOINT = ["-m", "vllm.entrypoints.openai.api_server"]

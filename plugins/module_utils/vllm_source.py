@@ -142,7 +142,9 @@ def validate_source(settings, prefix="vllm_install_", check_paths=False):
     Returns {kind, package, commit, variant, version, wheel_url, wheelhouse_dir, pin, pin_id}.
     """
     settings = dict(settings or {})
-    name = lambda key: prefix + key  # noqa: E731
+
+    def name(key):
+        return prefix + key
     chosen = [k for k in SOURCE_KEYS if _is_set(settings.get(k))]
     if not chosen:
         raise SourceError("no vLLM source is set: set exactly one of %s"
@@ -404,8 +406,8 @@ def select_wheel(metadata, commit, variant=None, machine="x86_64", python=(3, 11
     label = commit_label(commit)
     if label not in re.split(r"[+.]", entry["version"]):
         raise SourceError("wheel %s listed for commit %s has version %s without %s: the "
-                          "index is not that commit's" % (entry["filename"], commit,
-                                                         entry["version"], label))
+                          "index is not that commit's"
+                          % (entry["filename"], commit, entry["version"], label))
     rel = quote(unquote(entry["path"]), safe="/")
     url = urljoin(metadata_url(commit, variant, base), rel)
     return {"filename": entry["filename"], "url": url, "version": entry["version"],
@@ -451,8 +453,8 @@ def version_matches_pin(installed, source):
     if kind == "cpu" and not want["local"]:
         return True, "installed %s matches %s (local label +%s)" % (
             installed, source["version"], _local_str(have))
-    return False, "installed %s, pinned %s (local labels differ)" % (installed,
-                                                                   source["version"])
+    return False, "installed %s, pinned %s (local labels differ)" % (
+        installed, source["version"])
 
 
 # --------------------------------------------------------------------------- install argv

@@ -54,8 +54,18 @@ options:
     description: Run C(python -c "import flashinfer") at the end and fail with its stderr if it fails.
     type: bool
     default: true
+extends_documentation_fragment:
+  - vllm_ops.deploy.attributes
+  - vllm_ops.deploy.attributes.PLATFORM
+attributes:
+  check_mode:
+    support: full
+    details: Reports the planned installs and removals; changes nothing.
+  diff_mode:
+    support: full
+    details: The three packages' versions before and after (predicted in check mode).
 author:
-  - vllm-deploy contributors
+  - vllm-deploy contributors (@vllm-ops)
 """
 
 EXAMPLES = r"""
@@ -124,8 +134,9 @@ import sys
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.flashinfer_reconcile import (
-    DEFAULT_CUBIN_INDEX_URL, DEFAULT_JIT_CACHE_INDEX_URL, PACKAGES, ReconcileError,
-    action_argv, describe, plan_reconcile, public_actions, torch_cuda_version)
+    DEFAULT_CUBIN_INDEX_URL, DEFAULT_JIT_CACHE_INDEX_URL, PACKAGES, ReconcileError, action_argv,
+    describe, plan_reconcile, predict_versions, public_actions, torch_cuda_version,
+    versions_diff)
 
 _READ_VERSIONS = (
     "import json, importlib.metadata as m\n"
@@ -142,7 +153,7 @@ _READ_VERSIONS = (
 def read_versions(python):
     """Installed versions, read by a fresh ``python`` process (no stale metadata caches)."""
     proc = subprocess.run([python, "-c", _READ_VERSIONS], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, universal_newlines=True)
+                          stderr=subprocess.PIPE, universal_newlines=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError("reading installed versions failed: %s" % proc.stderr.strip())
     return json.loads(proc.stdout)
@@ -153,7 +164,7 @@ def import_check(python):
     env.pop("FLASHINFER_DISABLE_VERSION_CHECK", None)
     proc = subprocess.run([python, "-c", "import flashinfer"], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True, env=env,
-                          cwd="/")
+                          cwd="/", check=False)
     return proc.returncode == 0, proc.stderr
 
 
@@ -190,6 +201,8 @@ def main():
     if plan["actions"]:
         result["changed"] = True
         if module.check_mode:
+            if module._diff:
+                result["diff"] = versions_diff(before, predict_versions(before, plan["actions"]))
             module.exit_json(msg="would change: " + "; ".join(result["summary"]), **result)
         installer = p["installer"]
         if installer == "auto":
@@ -208,6 +221,8 @@ def main():
                                     (err or out).strip()[-2000:]), **result)
         after = read_versions(python)
         result["versions_after"] = after
+        if module._diff:
+            result["diff"] = versions_diff(before, after)
         left = plan_reconcile(after, torch_cuda, mode=p["mode"],
                               cubin_index_url=p["cubin_index_url"],
                               jit_cache_index_url=p["jit_cache_index_url"])["actions"]

@@ -73,8 +73,18 @@ options:
     type: str
 notes:
   - Preflight problems are returned in C(gpu_facts.preflight_errors), not raised; the caller fails.
+extends_documentation_fragment:
+  - vllm_ops.deploy.attributes
+  - vllm_ops.deploy.attributes.PLATFORM
+  - vllm_ops.deploy.attributes.FACTS
+attributes:
+  check_mode:
+    support: full
+    details: Reads only; the same in check mode.
+  diff_mode:
+    support: none
 author:
-  - vllm-deploy contributors
+  - vllm-deploy contributors (@vllm-ops)
 """
 
 EXAMPLES = r"""
@@ -118,7 +128,7 @@ ansible_facts:
         driver_version: {description: NVIDIA driver version, type: str, sample: 580.159.04}
         cuda_version: {description: Highest CUDA the driver supports, type: str, sample: "13.0"}
         nvidia_smi_error: {description: Why nvidia-smi gave nothing (missing or failing), type: str}
-        kernel_module: {description: open, proprietary or none, type: str}
+        kernel_module: {description: "open, proprietary or none", type: str}
         iommu: {description: "mode (off|passthrough|on|default), params, groups", type: dict}
         acs: {description: "lspci_available, checked, src_valid_devices, redirecting", type: dict}
         uvm_hmm_disabled: {description: nvidia_uvm uvm_disable_hmm (null when not loaded), type: bool}
@@ -140,7 +150,8 @@ import os
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.gpu_topology import NvidiaSmiParseError, QUERY_GPU_ARGS, build_facts
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.gpu_topology import (
+    NvidiaSmiParseError, QUERY_GPU_ARGS, build_facts)
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.nccl_env import derive, preflight
 
 

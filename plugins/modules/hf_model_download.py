@@ -1,6 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-"""Ansible module: pinned Hugging Face weight download with preflight, verify and manifest."""
+"""Ansible module: pinned Hugging Face weight download with preflight, verify and manifest
+(the logic is in plugins/module_utils/hf_download.py and hf_weights.py)."""
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -106,6 +107,18 @@ notes:
   - Check mode reports the plan (bytes_needed, bytes_free) after the read-only Hub calls.
   - Plain-HTTP downloads are refused by huggingface_hub above 50 GB per file; larger files
     need the Xet path of the real Hub.
+extends_documentation_fragment:
+  - vllm_ops.deploy.attributes
+  - vllm_ops.deploy.attributes.PLATFORM
+attributes:
+  check_mode:
+    support: full
+    details: Reports the plan (bytes_needed, bytes_free) after the read-only Hub calls; downloads and writes nothing.
+  diff_mode:
+    support: full
+    details: The manifest's commit and files before, and after (predicted in check mode).
+author:
+  - vllm-deploy contributors (@vllm-ops)
 """
 
 EXAMPLES = r"""
@@ -199,241 +212,9 @@ reason:
   type: str
 """
 
-import fcntl
-import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import time
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.hf_weights import (
-    HfWeightsError, build_manifest, bytes_missing, discard_damaged, disk_preflight,
-    file_complete, free_bytes, incomplete_bytes, remove_incomplete,
-    is_commit_sha, manifest_matches, normalize_overrides, normalize_patterns, plan_overrides,
-    progress_bytes, read_manifest, request_from_manifest, select_files, utc_now, verify_local_dir,
-    write_json_atomic, write_overrides)
-
-PROGRESS_FILE = ".download-progress.json"
-
-# Runs in a child process so the parent can report progress and a kill -9 of the downloader
-# leaves the module able to report it. The spec arrives on stdin; the token only in HF_TOKEN.
-CHILD_CODE = r"""
-import json, sys
-spec = json.loads(sys.stdin.read())
-try:
-    from huggingface_hub import snapshot_download
-    snapshot_download(spec["repo_id"], revision=spec["sha"], local_dir=spec["local_dir"],
-                      allow_patterns=spec["allow_patterns"], ignore_patterns=spec["ignore_patterns"],
-                      max_workers=spec["max_workers"], endpoint=spec["endpoint"])
-except BaseException as exc:
-    resp = getattr(exc, "response", None)
-    print(json.dumps({"ok": False, "classes": [c.__name__ for c in type(exc).__mro__],
-                      "status": getattr(resp, "status_code", None), "message": str(exc)}))
-    sys.exit(3)
-print(json.dumps({"ok": True}))
-"""
-
-
-class HubError(Exception):
-    pass
-
-
-def hub_message(classes, status, message, repo_id, revision, endpoint, token_given):
-    """Translate a huggingface_hub error (by class names, so 1.x and 2.x both work)."""
-    names = set(classes)
-    where = "%s on %s" % (repo_id, endpoint or "https://huggingface.co")
-    first = (message or "").strip().splitlines()[0] if message else ""
-    if "GatedRepoError" in names:
-        if token_given:
-            return ("repo %s is gated and the token has no access (HTTP %s): request access on "
-                    "the repo page for the token's account" % (where, status))
-        return ("repo %s is gated (HTTP %s) and no token was given: set token (a vaulted HF "
-                "token of an account with access)" % (where, status))
-    if "RevisionNotFoundError" in names:
-        return "revision %r not found in repo %s" % (revision, where)
-    if "RepositoryNotFoundError" in names:
-        return ("repo %s not found (HTTP %s), or revision %r does not exist, or the repo is "
-                "private and the token is missing or has no access" % (where, status, revision))
-    if "EntryNotFoundError" in names or "RemoteEntryNotFoundError" in names:
-        return "revision %r not found in repo %s (%s)" % (revision, where, first)
-    if status in (401, 403):
-        return "access to repo %s refused (HTTP %s): check token" % (where, status)
-    if "ConnectError" in names or "ConnectionError" in names or "ConnectTimeout" in names:
-        return "cannot reach %s: %s" % (endpoint or "https://huggingface.co", first)
-    return "%s: %s (%s)" % (where, first, classes[0] if classes else "error")
-
-
-def _classes(exc):
-    return [c.__name__ for c in type(exc).__mro__]
-
-
-def hub_env(params):
-    env = dict(os.environ)
-    env.pop("HF_HUB_OFFLINE", None)  # the service sets it; the downloader must not
-    env["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    env["HF_HUB_DISABLE_TELEMETRY"] = "1"
-    if params["endpoint"]:
-        env["HF_ENDPOINT"] = params["endpoint"]
-    if params["high_performance"]:
-        env["HF_XET_HIGH_PERFORMANCE"] = "1"
-    if params["token"]:
-        env["HF_TOKEN"] = params["token"]
-    return env
-
-
-def hub_plan(params, request):
-    """Resolve the sha, list the tree at it, probe access. Returns (sha, tree)."""
-    try:
-        import huggingface_hub
-        from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
-    except ImportError as exc:
-        raise HubError("huggingface_hub is not importable by %s (%s): run this module with the "
-                       "downloader venv as ansible_python_interpreter" % (sys.executable, exc))
-    endpoint = params["endpoint"] or None
-    token = params["token"] or None
-    repo_id, revision = params["repo_id"], params["revision"]
-    api = HfApi(endpoint=endpoint, token=token)
-    try:
-        sha = revision if is_commit_sha(revision) else api.model_info(repo_id, revision=revision).sha
-        tree = {}
-        for entry in api.list_repo_tree(repo_id, revision=sha, recursive=True):
-            if getattr(entry, "blob_id", None) is None:
-                continue  # a folder
-            lfs = getattr(entry, "lfs", None)
-            tree[entry.path] = {"size": int(entry.size), "oid": entry.blob_id,
-                                "sha256": getattr(lfs, "sha256", None) if lfs else None}
-        return sha, tree, (get_hf_file_metadata, hf_hub_url), huggingface_hub.__version__
-    except Exception as exc:
-        raise HubError(hub_message(_classes(exc), getattr(getattr(exc, "response", None),
-                                                          "status_code", None),
-                                   str(exc), repo_id, revision, endpoint, bool(token)))
-
-
-def probe_access(params, sha, path, funcs):
-    """HEAD one file: a gated repo answers 401/403 here, before anything is written."""
-    get_meta, url_for = funcs
-    endpoint = params["endpoint"] or None
-    try:
-        get_meta(url_for(params["repo_id"], path, revision=sha, endpoint=endpoint),
-                 token=params["token"] or None)
-    except Exception as exc:
-        raise HubError(hub_message(_classes(exc), getattr(getattr(exc, "response", None),
-                                                          "status_code", None),
-                                   str(exc), params["repo_id"], params["revision"], endpoint,
-                                   bool(params["token"])))
-
-
-def precheck_overrides(params, request, sha, pending):
-    """Validate overrides against the pinned files before the big download: the small JSON
-    targets not yet on disk are fetched into a temporary directory (not local_dir)."""
-    targets = sorted(set(o["file"] for o in request["overrides"]) & set(pending))
-    if not targets:
-        return
-    from huggingface_hub import hf_hub_download
-    tmp = tempfile.mkdtemp(prefix="hf-override-check-")
-    try:
-        for rel in targets:
-            try:
-                hf_hub_download(params["repo_id"], rel, revision=sha, local_dir=tmp,
-                                endpoint=params["endpoint"] or None,
-                                token=params["token"] or None)
-            except Exception as exc:
-                raise HubError(hub_message(
-                    _classes(exc), getattr(getattr(exc, "response", None), "status_code", None),
-                    str(exc), params["repo_id"], params["revision"], params["endpoint"],
-                    bool(params["token"])))
-        plan_overrides(tmp, [o for o in request["overrides"] if o["file"] in targets])
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def acquire_dir_lock(local_dir):
-    """Exclusive lock for the write phase; kept until the process exits."""
-    lock_dir = os.path.join(local_dir, ".cache", "huggingface")
-    if not os.path.isdir(lock_dir):
-        os.makedirs(lock_dir)
-    path = os.path.join(lock_dir, "hf_model_download.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except (IOError, OSError):
-        os.close(fd)
-        raise HubError("another hf_model_download is writing into %s (lock %s held)"
-                       % (local_dir, path))
-    return fd
-
-
-def _progress_line(fh, **data):
-    os.write(fh, (json.dumps(data) + "\n").encode())
-
-
-def run_download(params, request, sha, expected, env):
-    local_dir = params["local_dir"]
-    progress_path = os.path.join(local_dir, PROGRESS_FILE)
-    total = sum(i["size"] for i in expected.values())
-    spec = {"repo_id": params["repo_id"], "sha": sha, "local_dir": local_dir,
-            "allow_patterns": request["allow_patterns"],
-            "ignore_patterns": request["ignore_patterns"],
-            "max_workers": params["max_workers"], "endpoint": params["endpoint"] or None}
-    out = tempfile.TemporaryFile()
-    err = tempfile.TemporaryFile()
-    fh = os.open(progress_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-    try:
-        start = time.time()
-        at_start = progress_bytes(local_dir, expected, sha)
-        proc = subprocess.Popen(
-            [sys.executable, "-c", CHILD_CODE], stdin=subprocess.PIPE, stdout=out, stderr=err, env=env,
-            close_fds=True)
-        proc.stdin.write(json.dumps(spec).encode())
-        proc.stdin.close()
-        base = dict(repo_id=params["repo_id"], sha=sha, bytes_total=total,
-                    bytes_at_start=at_start, downloader_pid=proc.pid)
-        _progress_line(fh, time=utc_now(), state="downloading", bytes_done=at_start,
-                       rate_bytes_per_s=0, eta_s=None, elapsed_s=0, **base)
-        prev_t, prev_done = start, at_start
-        while True:
-            try:
-                proc.wait(timeout=params["progress_interval"])
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            now = time.time()
-            done = progress_bytes(local_dir, expected, sha)
-            rate = max(done - prev_done, 0) / max(now - prev_t, 1e-6)
-            _progress_line(fh, time=utc_now(), state="downloading", bytes_done=done,
-                           rate_bytes_per_s=int(rate),
-                           eta_s=int((total - done) / rate) if rate > 0 else None,
-                           elapsed_s=round(now - start, 1), **base)
-            prev_t, prev_done = now, done
-        done = progress_bytes(local_dir, expected, sha)
-        elapsed = time.time() - start
-        state = "done" if proc.returncode == 0 else "failed"
-        _progress_line(fh, time=utc_now(), state=state, bytes_done=done,
-                       rate_bytes_per_s=int((done - at_start) / max(elapsed, 1e-6)), eta_s=0,
-                       elapsed_s=round(elapsed, 1), returncode=proc.returncode, **base)
-    finally:
-        os.close(fh)
-    out.seek(0)
-    err.seek(0)
-    lines = out.read().decode("utf-8", "replace").strip().splitlines()
-    stderr_tail = err.read().decode("utf-8", "replace")[-2000:]
-    if proc.returncode == 0:
-        return {"elapsed_s": round(elapsed, 2), "bytes_downloaded": done - at_start}
-    if proc.returncode < 0:
-        raise HubError("download of %s@%s stopped: downloader pid %d was killed by signal %d; "
-                       "finished files are kept, re-run to resume"
-                       % (params["repo_id"], sha, proc.pid, -proc.returncode))
-    try:
-        res = json.loads(lines[-1])
-        msg = hub_message(res["classes"], res.get("status"), res.get("message"),
-                          params["repo_id"], params["revision"], params["endpoint"],
-                          bool(params["token"]))
-    except (IndexError, ValueError, KeyError):
-        msg = "downloader exited with code %s: %s" % (proc.returncode, stderr_tail)
-    raise HubError(msg)
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.hf_download import (
+    DownloadFailed, download)
 
 
 def main():
@@ -459,123 +240,12 @@ def main():
         required_if=[("offline", False, ("repo_id", "revision"))],
         required_together=[("repo_id", "revision")],
     )
-    p = module.params
-    local_dir = p["local_dir"]
-    result = dict(changed=False, revision=p["revision"], downloaded=False,
-                  manifest=os.path.join(local_dir or "", p["manifest"]),
-                  progress_file=os.path.join(local_dir or "", PROGRESS_FILE))
-
-    def fail(msg, **extra):
-        result.update(extra)
-        module.fail_json(msg=msg, **result)
-
-    # ---- assert: every input check before any network call or write
-    if p["offline"] and p["repo_id"] is None:
-        try:
-            req = request_from_manifest(read_manifest(os.path.join(local_dir, p["manifest"])),
-                                        os.path.join(local_dir, p["manifest"]))
-        except HfWeightsError as exc:
-            fail(str(exc), verified=False)
-        p.update(repo_id=req["repo_id"], revision=req["revision"],
-                 allow_patterns=req["allow_patterns"], ignore_patterns=req["ignore_patterns"],
-                 overrides=req["overrides"])
-        result["revision"] = req["revision"]
-    if p["repo_id"].count("/") != 1 or not all(p["repo_id"].split("/")):
-        fail("repo_id must be org/name, got %r" % p["repo_id"])
-    if not os.path.isabs(local_dir):
-        fail("local_dir must be an absolute path, got %r" % local_dir)
-    if p["max_workers"] < 1:
-        fail("max_workers must be >= 1, got %d" % p["max_workers"])
-    if p["disk_margin_bytes"] < 0:
-        fail("disk_margin_bytes must be >= 0, got %d" % p["disk_margin_bytes"])
-    if os.path.basename(p["manifest"]) != p["manifest"] or p["manifest"] in ("", ".", ".."):
-        fail("manifest must be a file name inside local_dir, got %r" % p["manifest"])
-    if p["progress_interval"] <= 0:
-        fail("progress_interval must be > 0, got %s" % p["progress_interval"])
     try:
-        request = dict(repo_id=p["repo_id"], revision=p["revision"],
-                       allow_patterns=normalize_patterns(p["allow_patterns"], "allow_patterns"),
-                       ignore_patterns=normalize_patterns(p["ignore_patterns"], "ignore_patterns"),
-                       overrides=normalize_overrides(p["overrides"]),
-                       verify_hashes=p["verify_hashes"])
-    except HfWeightsError as exc:
-        fail(str(exc))
-
-    # ---- fast path: the manifest proves the request is satisfied; no network
-    manifest_path = result["manifest"]
-    old = read_manifest(manifest_path)
-    matches, why = manifest_matches(old, request, local_dir)
-    if matches:
-        result.update(sha=old["sha"], files=old["files"], bytes=old["bytes"], verified=True,
-                      hashes_verified=bool(old.get("hashes_verified")),
-                      overrides_applied=old.get("overrides_applied") or [],
-                      reason="manifest matches (verified_at %s)" % old.get("verified_at"))
-        module.exit_json(**result)
-    if p["offline"]:
-        fail("offline verification of %s@%s in %s failed: %s (manifest %s); nothing was "
-             "downloaded" % (p["repo_id"], p["revision"], local_dir, why, manifest_path),
-             verified=False)
-
-    # ---- plan: resolve, list, select, preflight, probe (read-only)
-    env = hub_env(p)
-    for key in ("HF_ENDPOINT", "HF_XET_HIGH_PERFORMANCE", "HF_HUB_DISABLE_PROGRESS_BARS",
-                "HF_HUB_DISABLE_TELEMETRY"):
-        if key in env:
-            os.environ[key] = env[key]
-    os.environ.pop("HF_HUB_OFFLINE", None)
-    try:
-        sha, tree, funcs, hub_version = hub_plan(p, request)
-        result["sha"] = sha
-        expected = select_files(tree, request["allow_patterns"], request["ignore_patterns"],
-                                "%s@%s" % (p["repo_id"], sha))
-        for i, o in enumerate(request["overrides"]):
-            if o["file"] not in expected:
-                raise HfWeightsError("overrides[%d]: %s is not among the selected files of "
-                                     "%s@%s" % (i, o["file"], p["repo_id"], sha))
-        needed = bytes_missing(local_dir, expected, sha)
-        free = free_bytes(local_dir)
-        result.update(files=dict((k, v["size"]) for k, v in sorted(expected.items())),
-                      bytes=sum(v["size"] for v in expected.values()), bytes_needed=needed,
-                      bytes_free=free, huggingface_hub_version=hub_version,
-                      reason="manifest: %s" % why)
-        pending = [k for k in sorted(expected) if not file_complete(local_dir, k, expected[k], sha)]
-        if pending:
-            # parts left by a killed run are deleted before the download: count them as free
-            disk_preflight(needed, free + incomplete_bytes(local_dir), p["disk_margin_bytes"],
-                           local_dir)
-            probe_access(p, sha, pending[0], funcs)
-            precheck_overrides(p, request, sha, pending)
-    except (HfWeightsError, HubError) as exc:
-        fail(str(exc))
-
-    if module.check_mode:
-        result.update(changed=True, verified=False, hashes_verified=False, overrides_applied=[],
-                      would_download=bool(pending))
-        module.exit_json(**result)
-
-    # ---- download, verify, override, record (one writer per local_dir)
-    try:
-        acquire_dir_lock(local_dir)  # fd stays open (locked) until the module exits
-        if pending:
-            result["stale_incomplete_removed"] = remove_incomplete(local_dir)[0]
-            result["damaged_removed"] = discard_damaged(local_dir, pending)
-            result["download"] = run_download(p, request, sha, expected, env)
-            result["downloaded"] = True
-        check = verify_local_dir(local_dir, expected, sha, hashes=p["verify_hashes"])
-        if not check["ok"]:
-            raise HfWeightsError("verification of %s@%s in %s failed (%d problems): %s"
-                                 % (p["repo_id"], sha, local_dir, len(check["problems"]),
-                                    "; ".join(check["problems"][:10])))
-        oids = dict((k, v["oid"]) for k, v in expected.items() if not v.get("sha256"))
-        plans = plan_overrides(local_dir, request["overrides"], pristine_oids=oids)
-        applied = write_overrides(local_dir, plans)
-    except (HfWeightsError, HubError) as exc:
-        fail(str(exc))
-    manifest = build_manifest(request, sha, expected, p["verify_hashes"], applied,
-                              endpoint=p["endpoint"])
-    write_json_atomic(manifest_path, manifest)
-    result.update(changed=True, verified=True, hashes_verified=bool(p["verify_hashes"]),
-                  overrides_applied=applied)
+        result = download(module.params, check_mode=module.check_mode)
+    except DownloadFailed as exc:
+        module.fail_json(msg=str(exc), **exc.result)
+    if not module._diff:
+        result.pop("diff", None)
     module.exit_json(**result)
 
 

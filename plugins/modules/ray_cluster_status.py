@@ -35,12 +35,22 @@ options:
     description: Seconds between reads.
     type: int
     default: 3
-author: vllm-deploy
+extends_documentation_fragment:
+  - vllm_ops.deploy.attributes
+  - vllm_ops.deploy.attributes.PLATFORM
+attributes:
+  check_mode:
+    support: full
+    details: Reads only; the same in check mode.
+  diff_mode:
+    support: none
+author:
+  - vllm-deploy contributors (@vllm-ops)
 """
 
 EXAMPLES = r"""
 - name: Gate vLLM on the Ray cluster
-  ray_cluster_status:
+  vllm_ops.deploy.ray_cluster_status:
     python: /opt/vllm-deploy/current/bin/python
     address: 10.0.0.1:6379
     expected:
@@ -79,8 +89,8 @@ elapsed_s:
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.ray_status import (NODE_TABLE_SCRIPT, RayStatusError, check_cluster,
-                                             parse_node_table, validate_expected)
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.ray_status import (
+    NODE_TABLE_SCRIPT, RayStatusError, check_cluster, parse_node_table, validate_expected)
 
 
 def main():

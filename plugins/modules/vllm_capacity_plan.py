@@ -4,13 +4,6 @@
 be served. No side effects (reads the model's config files only)."""
 from __future__ import absolute_import, division, print_function
 
-import glob
-import json
-import os
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.capacity_plan import GIB, PlanError, plan
-
 DOCUMENTATION = r"""
 ---
 module: vllm_capacity_plan
@@ -101,8 +94,17 @@ options:
     description: KV-cache block size in tokens (capacity is rounded down to whole blocks).
     type: int
     default: 16
+extends_documentation_fragment:
+  - vllm_ops.deploy.attributes
+  - vllm_ops.deploy.attributes.PLATFORM
+attributes:
+  check_mode:
+    support: full
+    details: Reads only; the same in check mode.
+  diff_mode:
+    support: none
 author:
-  - vllm_deploy contributors
+  - vllm-deploy contributors (@vllm-ops)
 """
 
 EXAMPLES = r"""
@@ -146,6 +148,14 @@ weights_bytes:
   returned: always
   type: dict
 """
+
+import glob
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.capacity_plan import (
+    GIB, PlanError, plan)
 
 
 def _read_json(module, path, what):

@@ -17,8 +17,18 @@ options:
     type: list
     elements: str
     default: []
+extends_documentation_fragment:
+  - vllm_ops.deploy.attributes
+  - vllm_ops.deploy.attributes.PLATFORM
+  - vllm_ops.deploy.attributes.FACTS
+attributes:
+  check_mode:
+    support: full
+    details: Reads only; the same in check mode.
+  diff_mode:
+    support: none
 author:
-  - vllm-deploy contributors
+  - vllm-deploy contributors (@vllm-ops)
 """
 
 EXAMPLES = r"""
@@ -69,10 +79,11 @@ import platform
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.flashinfer_reconcile import torch_cuda_version
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.flashinfer_reconcile import (
+    torch_cuda_version)
 
 try:
-    import importlib.metadata as metadata
+    from importlib import metadata
 except ImportError:  # pragma: no cover - Python < 3.8 is not supported by the role
     metadata = None
 

@@ -133,8 +133,17 @@ options:
     description: Prefix of the variable names used in error messages.
     type: str
     default: vllm_install_
+extends_documentation_fragment:
+  - vllm_ops.deploy.attributes
+  - vllm_ops.deploy.attributes.PLATFORM
+attributes:
+  check_mode:
+    support: full
+    details: Plans only (no change on the host); the same in check mode.
+  diff_mode:
+    support: none
 author:
-  - vllm-deploy contributors
+  - vllm-deploy contributors (@vllm-ops)
 """
 
 EXAMPLES = r"""
@@ -205,7 +214,8 @@ import platform
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_install_plan import check_installed, plan
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_install_plan import (
+    check_installed, plan)
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_source import SourceError
 
 SOURCE_KEYS = ("commit", "variant", "pypi_version", "wheel_url", "wheelhouse_dir",

@@ -25,7 +25,6 @@ options:
   api_key:
     description: API key for the server, if it requires one. Never logged.
     type: str
-    no_log: true
   timeout_s:
     description: Seconds to wait for C(/health) to answer 200.
     type: int
@@ -66,7 +65,18 @@ options:
         journal line after each). The module itself ignores it.
     type: int
     default: 15
-author: vllm-deploy
+extends_documentation_fragment:
+  - vllm_ops.deploy.attributes
+  - vllm_ops.deploy.attributes.PLATFORM
+  - vllm_ops.deploy.attributes.ACTION
+attributes:
+  check_mode:
+    support: partial
+    details: Does not probe the endpoint in check mode (reports skipped).
+  diff_mode:
+    support: none
+author:
+  - vllm-deploy contributors (@vllm-ops)
 """
 
 EXAMPLES = r"""
@@ -118,7 +128,8 @@ restarts_baseline:
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_http import EndpointError, LoadTimeout, wait_ready
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_http import (
+    EndpointError, LoadTimeout, wait_ready)
 
 
 def journal_tail(unit, lines):
@@ -126,7 +137,7 @@ def journal_tail(unit, lines):
         return []
     try:
         out = subprocess.run(["journalctl", "--no-pager", "-o", "cat", "-n", str(lines),
-                              "-u", unit], capture_output=True, text=True, timeout=20)
+                              "-u", unit], capture_output=True, text=True, timeout=20, check=False)
         return out.stdout.splitlines()
     except (OSError, subprocess.SubprocessError):
         return []
@@ -136,7 +147,7 @@ def unit_state(unit):
     """(ActiveState, NRestarts) of a systemd unit, or (None, None) if unknown."""
     try:
         out = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "NRestarts",
-                              unit], capture_output=True, text=True, timeout=20)
+                              unit], capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.SubprocessError):
         return None, None
     props = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
@@ -147,7 +158,7 @@ def unit_state(unit):
 def crash_watch(unit, max_restarts, first=None):
     """An on_wait callback that stops the wait as soon as the unit has clearly failed."""
     if first is None:
-        _, first = unit_state(unit)
+        _unused, first = unit_state(unit)
 
     def check(elapsed, last_status):
         state, restarts = unit_state(unit)
@@ -167,7 +178,7 @@ def main():
             model=dict(type="str", required=True),
             api_key=dict(type="str", no_log=True),
             timeout_s=dict(type="int", default=1800),
-            tokens=dict(type="int", default=8),
+            tokens=dict(type="int", default=8, no_log=False),  # a count, not a secret
             unit=dict(type="str"),
             journal_lines=dict(type="int", default=40),
             max_restarts=dict(type="int", default=2),

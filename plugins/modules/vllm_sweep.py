@@ -160,7 +160,18 @@ options:
         60 s. Give I(vocab_size) (the model's C(vocab_size) from its C(config.json)) to skip
         the probe.
     type: int
-author: vllm-deploy
+extends_documentation_fragment:
+  - vllm_ops.deploy.attributes
+  - vllm_ops.deploy.attributes.PLATFORM
+  - vllm_ops.deploy.attributes.FACTS
+attributes:
+  check_mode:
+    support: partial
+    details: Sends no load in check mode (reports skipped), since a sweep loads the server for minutes.
+  diff_mode:
+    support: none
+author:
+  - vllm-deploy contributors (@vllm-ops)
 """
 
 EXAMPLES = r"""
@@ -248,8 +259,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import (
-    HAS_AIOHTTP, SweepError, check_params, failure_message, run_sweep,
-)
+    HAS_AIOHTTP, SweepError, check_params, failure_message, run_sweep)
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import format_table
 
 

@@ -58,9 +58,9 @@ _LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 def compact_level(level):
     """The per-level figures worth keeping in host_vars (the full data goes to reports), with
     the level's flags (errors, length-miss, client-limited, slo-broken, server-count-diff)."""
-    out = {k: level.get(k) for k in ("concurrency", "requests_ok", "requests_failed",
-                                      "output_tok_s", "total_tok_s", "request_s",
-                                      "achieved_concurrency", "window_s")}
+    keys = ("concurrency", "requests_ok", "requests_failed", "output_tok_s", "total_tok_s",
+            "request_s", "achieved_concurrency", "window_s")
+    out = {k: level.get(k) for k in keys}
     for key in _LATENCIES:
         stats = level.get(key) or {}
         out[key] = {p: stats.get(p) for p in ("mean", "p50", "p90", "p99") if p in stats}

@@ -92,8 +92,8 @@ def test_collector_failures_name_host_task_and_role():
     c.add({"event": "runner_on_failed", "event_data": {
         "host": "h1", "task": "Optional", "ignore_errors": True, "res": {"msg": "ignored"}}})
     c.add({"event": "runner_on_unreachable", "event_data": {
-        "host": "h2", "task": "Gathering Facts", "res": {"msg": "Connection refused",
-                                                          "unreachable": True}}})
+        "host": "h2", "task": "Gathering Facts",
+        "res": {"msg": "Connection refused", "unreachable": True}}})
     c.add({"event": "playbook_on_stats", "event_data": {
         "ok": {"h1": 3}, "failures": {"h1": 1, "h3": 1}, "dark": {"h2": 1}, "processed": {}}})
     assert [(f.host, f.task, f.unreachable) for f in c.failures] == [

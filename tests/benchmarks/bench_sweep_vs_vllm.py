@@ -413,7 +413,7 @@ class Worker(object):
             left = None if deadline is None else deadline - time.time()
             if left is not None and left <= 0:
                 raise WorkerError("%s worker: no answer within %.0f s" % (self.name, timeout))
-            r, _, _ = select.select([fd], [], [], 1.0 if left is None else min(left, 1.0))
+            r, _unused, _unused2 = select.select([fd], [], [], 1.0 if left is None else min(left, 1.0))
             if r:
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
@@ -474,7 +474,8 @@ def scrape(metrics_url):
     """Server counters from /metrics, or None when unreadable."""
     if COLLECTIONS not in sys.path:
         sys.path.insert(0, COLLECTIONS)
-    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import server_counters
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import (
+        server_counters)
     try:
         with urllib.request.urlopen(metrics_url, timeout=10) as r:
             return server_counters(r.read().decode())
@@ -623,11 +624,14 @@ class Bench(object):
         request; vllm bench: tokenizer load, dataset, prompt alignment, one request); the
         "net" CPU columns subtract it.
         """
-        jobs = {"ours": lambda: {"params": ours_params(
-                    self.args, self.base, 1, self.vocab_size, 1, duration_s=0.001,
-                    min_requests=1, warmup_requests=0)},
-                "vllm": lambda: {"argv": vllm_argv(self.args, self.base, 1, 1, 1, self.work,
-                                                   "vllm-warmup.json")}}
+        def ours():
+            return {"params": ours_params(self.args, self.base, 1, self.vocab_size, 1,
+                                          duration_s=0.001, min_requests=1, warmup_requests=0)}
+
+        def vllm():
+            return {"argv": vllm_argv(self.args, self.base, 1, 1, 1, self.work,
+                                      "vllm-warmup.json")}
+        jobs = {"ours": ours, "vllm": vllm}
         for name in TOOLS:
             w = self.report["workers"][name]
             for phase in ("warmup", "fixed"):
@@ -785,9 +789,8 @@ def format_report(report, tolerance=TOLERANCE, cpu_ratio_max=CPU_RATIO_MAX):
             lines.append("C=%-4d %-13s within %g %%: %s  paired %s (ratio of medians %s)%s" % (
                 c, label, tolerance * 100, _verdict_word(d["pass"]), fmt(d["paired_ratio"]),
                 fmt(d["ratio_of_medians"]),
-                "  [noisy: spread ours %s, vllm %s]" % (fmt(d["spread_ours"]),
-                                                       fmt(d["spread_vllm"]))
-                if d["noisy"] else ""))
+                ("  [noisy: spread ours %s, vllm %s]"
+                 % (fmt(d["spread_ours"]), fmt(d["spread_vllm"]))) if d["noisy"] else ""))
         d = v["cpu"]
         a = level["aggregate"]
         lines.append("C=%-4d %-13s <= %g x vllm: %s  %s (ours %s vs vllm %s ms/1k; net of fixed "

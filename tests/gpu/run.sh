@@ -56,7 +56,7 @@ log() { echo "[$(date +%H:%M:%S)] $*"; }
 
 ansible_env() {
   export PATH=$ST/ans/bin:$PATH
-  export PYTHONPATH=$ST/ans${1:+:$1}
+  export PYTHONPATH=$ST/ans
   export ANSIBLE_CONFIG=$ROOT/ansible.cfg ANSIBLE_COLLECTIONS_PATH=$ROOT/collections \
     ANSIBLE_HOME=$ST/ansible-home ANSIBLE_LOCAL_TEMP=$ST/ansible-tmp
 }
@@ -140,7 +140,7 @@ stop_server() {
 }
 
 step_stage() {
-  mkdir -p "$WH" && cp "build/gpu-wheels/part$1/"* "$WH/" && echo "part$1 copied: $(ls "$WH" | wc -l) files, $(du -sh "$WH" | cut -f1) in $WH"
+  mkdir -p "$WH" && cp "build/gpu-wheels/part$1/"* "$WH/" && echo "part$1 copied: $(find "$WH" -mindepth 1 -maxdepth 1 | wc -l) files, $(du -sh "$WH" | cut -f1) in $WH"
 }
 
 step_facts() {
@@ -170,7 +170,7 @@ step_prepare() {
   local p
   for p in $ANSIBLE_WHEELS; do mv "$WH/$p"*.whl "$ANS_WH/" 2>/dev/null; done
   rm -f "$WH/manifest.json"
-  echo "wheelhouse: $(ls "$WH"/*.whl | wc -l) wheels; ansible's: $(ls "$ANS_WH" | wc -l)" | tee -a "$OUTD/install.txt"
+  echo "wheelhouse: $(find "$WH" -maxdepth 1 -name '*.whl' | wc -l) wheels; ansible's: $(find "$ANS_WH" -mindepth 1 -maxdepth 1 | wc -l)" | tee -a "$OUTD/install.txt"
   "$PY" tests/gpu/check.py make-model "$MODEL" | tee -a "$OUTD/install.txt"
 }
 
@@ -203,8 +203,9 @@ step_install() {
     "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$ST/vsite" \
       "${wheels[@]}" "$WH"/vllm-*.whl 2>&1 | tail -5
   fi
-  tar -C "$ST" -czf "$OUTD/install.tar.gz" role.log role-vars.json \
-    $(cd "$ST" && ls role/role-result.json role/venvs/*/vllm-deploy.json 2>/dev/null)
+  local found
+  mapfile -t found < <(cd "$ST" && ls role/role-result.json role/venvs/*/vllm-deploy.json 2>/dev/null)
+  tar -C "$ST" -czf "$OUTD/install.tar.gz" role.log role-vars.json "${found[@]}"
 }
 
 step_install_serve() {
@@ -250,13 +251,16 @@ for lv in facts["levels"]:
 EOF
   fi
   [ "${3:-}" = ansible-only ] && { tar -C "$ST" -czf "$OUTD/sweep-$tag.tar.gz" "sweep-ansible-$tag.json" "sweep-ansible-$tag.json.log"; return; }
+  local extra found
+  read -r -a extra <<< "${GPU_CHECK_BENCH_ARGS:-}"  # more arguments, split on spaces
   timeout "${GPU_CHECK_BENCH_TIMEOUT:-560}" "$PY" tests/benchmarks/bench_sweep_vs_vllm.py --vllm-python "$vpy" \
     --model-dir "$MODEL" --model "$NAME" --base-url "http://127.0.0.1:$PORT" --levels "$levels" \
     --input-len "$ILEN" --output-len "$OLEN" --duration-s "$DUR" --vocab-size 2048 \
-    --reps "${GPU_CHECK_REPS:-3}" --time-budget-s "${GPU_CHECK_BENCH_BUDGET:-500}" ${GPU_CHECK_BENCH_ARGS:-} \
+    --reps "${GPU_CHECK_REPS:-3}" --time-budget-s "${GPU_CHECK_BENCH_BUDGET:-500}" "${extra[@]}" \
     --json-out "$ST/bench-$tag.json" 2>&1 | tee "$OUTD/bench-$tag.txt"
   cp /tmp/bench-sweep-*/children.log "$ST/bench-children-$tag.log" 2>/dev/null
-  tar -C "$ST" -czf "$OUTD/sweep-$tag.tar.gz" $(cd "$ST" && ls "bench-$tag.json" "sweep-ansible-$tag.json" "sweep-ansible-$tag.json.log" "bench-children-$tag.log" 2>/dev/null)
+  mapfile -t found < <(cd "$ST" && ls "bench-$tag.json" "sweep-ansible-$tag.json" "sweep-ansible-$tag.json.log" "bench-children-$tag.log" 2>/dev/null)
+  tar -C "$ST" -czf "$OUTD/sweep-$tag.tar.gz" "${found[@]}"
 }
 
 step_ttft() { # step_ttft TAG: what tokenizing a text prompt adds to TTFT, on the running server
@@ -269,7 +273,7 @@ step_tp2_start() {
   stop_server
   ( ansible_env
     adhoc_json "$ST/gpu_facts-tp2.json" vllm_ops.deploy.gpu_facts '{"nccl_profile": "latency", "tensor_parallel": 2}' "$PY" )
-  local envline
+  local envline nccl
   envline=$("$PY" - "$ST/gpu_facts-tp2.json" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -277,13 +281,13 @@ env = (r["ansible_facts"]["gpu_facts"].get("nccl") or {}).get("env") or {}
 print(" ".join("%s=%s" % kv for kv in sorted(env.items())))
 EOF
 )
+  read -r -a nccl <<< "$envline"  # NAME=value words (the derived values have no spaces)
   echo "derived env: $envline" | tee "$OUTD/tp2.txt"
-  env $envline NCCL_DEBUG=INFO "$PY" roles/gpu_host/files/allreduce_smoke.py --timeout 120 \
+  env "${nccl[@]}" NCCL_DEBUG=INFO "$PY" roles/gpu_host/files/allreduce_smoke.py --timeout 120 \
     >"$ST/smoke-tp2.txt" 2>&1
   echo "smoke rc=$?: $(tail -1 "$ST/smoke-tp2.txt")" | tee -a "$OUTD/tp2.txt"
   tail -1 "$ST/smoke-tp2.txt" | grep -q '"passed": true' || return 1
-  # shellcheck disable=SC2086
-  export $envline
+  export "${nccl[@]}"
   start_server "$ST/serve-tp2.log" --tensor-parallel-size 2
   wait_health "${GPU_CHECK_SERVE_WAIT:-420}" | tee -a "$OUTD/tp2.txt"
   local mem

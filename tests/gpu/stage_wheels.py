@@ -111,12 +111,12 @@ def main(argv=None):
     download(requirements_from_list(args.list) + EXTRA, src, args.pip_python)
     files = sorted((n, os.path.getsize(os.path.join(src, n)))
                    for n in os.listdir(src) if n.endswith(".whl"))
-    names = {n.split("-")[0].lower() for n, _ in files}
+    names = {n.split("-")[0].lower() for n, _unused in files}
     if len(names) != len(files):
         raise SystemExit("two versions of one distribution in %s: remove one" % src)
     cap = int(args.cap_mib * 1024 * 1024)
-    parts = pack(files, cap, first=("ansible_core-", "resolvelib-", "cryptography-", "cffi-",
-                                     "pycparser-"))
+    parts = pack(files, cap,
+                 first=("ansible_core-", "resolvelib-", "cryptography-", "cffi-", "pycparser-"))
     for d in os.listdir(args.out):
         if d.startswith("part"):
             shutil.rmtree(os.path.join(args.out, d))

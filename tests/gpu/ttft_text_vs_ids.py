@@ -102,7 +102,7 @@ def main(argv=None):
 
     def ids():
         # avoid the lowest ids (special tokens in most tokenizers)
-        return [rng.randrange(16, args.vocab_size) for _ in range(args.input_len)]
+        return [rng.randrange(16, args.vocab_size) for _unused in range(args.input_len)]
 
     # warm both paths
     ttft_ms(base, args.model, ids(), args.output_len)
@@ -112,8 +112,8 @@ def main(argv=None):
     samples = []
     for i in range(args.pairs):
         text = post_json(base, "/detokenize", {"model": args.model, "tokens": ids()})["prompt"]
-        n_text = post_json(base, "/tokenize", {"model": args.model, "prompt": text,
-                                                "add_special_tokens": True})["count"]
+        n_text = post_json(base, "/tokenize",
+                           {"model": args.model, "prompt": text, "add_special_tokens": True})["count"]
         id_prompt = ids()
         order = ("ids", "text") if i % 2 == 0 else ("text", "ids")
         rec = {"text_tokens": n_text}

@@ -155,7 +155,7 @@ def cmd_start(args):
     pidfile = os.path.join(state, "olah.pid")
     if os.path.exists(pidfile):
         sys.exit("hubserver: %s exists; run stop first" % pidfile)
-    org, _, name = args.repo.partition("/")
+    org, _unused, name = args.repo.partition("/")
     if not org or not name or "/" in name:
         sys.exit("hubserver: --repo must be org/name, got %r" % args.repo)
     repo_dir = os.path.join(state, "mirrors", "models", org, name)
@@ -189,7 +189,7 @@ def _stop(state):
         pid = int(f.read().strip())
     if _pid_alive(pid):
         os.killpg(pid, signal.SIGTERM)  # own session: olah and its uvicorn workers
-        for _ in range(50):
+        for _unused in range(50):
             try:
                 if os.waitpid(pid, os.WNOHANG)[0]:
                     break
@@ -209,7 +209,7 @@ def cmd_stop(args):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("start")
     s.add_argument("--model-dir", required=True)

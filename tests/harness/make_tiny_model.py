@@ -36,9 +36,9 @@ WORDS = (
 
 
 def build_corpus(rng: random.Random, lines: int = 4000):
-    for _ in range(lines):
+    for _unused in range(lines):
         n = rng.randint(4, 16)
-        words = [rng.choice(WORDS) for _ in range(n)]
+        words = [rng.choice(WORDS) for _unused in range(n)]
         sentence = " ".join(words).capitalize() + rng.choice([".", ".", "?", "!"])
         if rng.random() < 0.2:
             sentence += " %d" % rng.randint(0, 100000)

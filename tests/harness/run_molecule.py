@@ -22,7 +22,7 @@ def main(argv):
     for name in names:
         start = time.time()
         print("=== molecule test -s %s" % name, flush=True)
-        rc = subprocess.run(["molecule", "test", "-s", name], cwd=ROOT).returncode
+        rc = subprocess.run(["molecule", "test", "-s", name], cwd=ROOT, check=False).returncode
         print("=== scenario %s: %s in %.0f s" % (name, "passed" if rc == 0 else "FAILED",
                                                  time.time() - start), flush=True)
         if rc != 0:

@@ -75,7 +75,7 @@ def log(msg):
 
 def run(cmd, **kw):
     kw.setdefault("check", True)
-    return subprocess.run(cmd, **kw)
+    return subprocess.run(cmd, **kw, check=False)
 
 
 def require_root_tools():
@@ -146,7 +146,7 @@ def pip_find_links():
     if not value:
         try:
             out = subprocess.run([sys.executable, "-m", "pip", "config", "get",
-                                  "global.find-links"], capture_output=True, text=True)
+                                  "global.find-links"], capture_output=True, text=True, check=False)
             value = out.stdout.strip() if out.returncode == 0 else ""
         except OSError:
             value = ""
@@ -274,7 +274,7 @@ def setup_netns(name, address, bridge, bridge_address):
 
 
 def teardown_netns(name):
-    outer, _ = _veth_names(name)
+    outer, _unused = _veth_names(name)
     if os.path.exists("/sys/class/net/%s" % outer):
         run(["ip", "link", "del", outer], check=False)
     if os.path.exists("/run/netns/%s" % name):
@@ -370,7 +370,7 @@ def create(name, port, memory=None, timeout=120, netns_address=None, bridge=DEFA
                                % (name, proc.returncode, os.path.join(mdir, "console.log")))
         r = subprocess.run(ssh_base(port, address)
                            + ["systemctl is-system-running --wait >/dev/null; true"],
-                           capture_output=True, timeout=60)
+                           capture_output=True, timeout=60, check=False)
         if r.returncode == 0:
             log("%s is up: ssh root@%s -p %d -i %s" % (name, address, port, key))
             return state

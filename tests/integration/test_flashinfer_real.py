@@ -40,11 +40,10 @@ CRASH = "flashinfer-cubin version (0.6.12) does not match flashinfer version (0.
 
 def sh(argv, env=None, check=True):
     proc = subprocess.run([str(a) for a in argv], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, universal_newlines=True, env=env)
+                          stderr=subprocess.PIPE, universal_newlines=True, env=env, check=False)
     if check and proc.returncode != 0:
-        raise AssertionError("%s failed (rc=%d):\n%s\n%s" % (argv, proc.returncode,
-                                                            proc.stdout[-3000:],
-                                                            proc.stderr[-3000:]))
+        raise AssertionError("%s failed (rc=%d):\n%s\n%s"
+                             % (argv, proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:]))
     return proc
 
 
@@ -98,7 +97,8 @@ def set_cubin(venv, version):
         "flashinfer-cubin==%s" % version])
 
 
-def run_module(venv, args, check_mode=False, extra_env=None, module="flashinfer_reconcile"):
+def run_module(venv, args, check_mode=False, extra_env=None, module="flashinfer_reconcile",
+               diff=False):
     """Run one of plugins/modules through ansible under the venv's python; its result dict."""
     ansible = os.path.join(os.path.dirname(sys.executable), "ansible")
     if not os.path.exists(ansible):
@@ -113,6 +113,8 @@ def run_module(venv, args, check_mode=False, extra_env=None, module="flashinfer_
             "-e", "ansible_python_interpreter=%s" % python_of(venv)]
     if check_mode:
         argv.append("--check")
+    if diff:
+        argv.append("--diff")
     proc = sh(argv, env=env, check=False)
     try:
         out = json.loads(proc.stdout)
@@ -129,8 +131,10 @@ def test_match_mode_installs_the_matching_cubin(venv, tmp_path):
     assert crash.returncode != 0
     assert "RuntimeError: " + CRASH in crash.stderr
 
-    planned = run_module(venv, {"mode": "match"}, check_mode=True)
+    planned = run_module(venv, {"mode": "match"}, check_mode=True, diff=True)
     assert planned["changed"] is True and not planned.get("failed")
+    assert planned["diff"]["before"] == "flashinfer-python==0.6.13\nflashinfer-cubin==0.6.12\n"
+    assert planned["diff"]["after"] == "flashinfer-python==0.6.13\nflashinfer-cubin==0.6.13\n"
     assert [(a["package"], a["action"], a["from"], a["to"]) for a in planned["actions"]] == [
         ("flashinfer-cubin", "install", "0.6.12", "0.6.13")]
     assert planned["actions"][0]["index_url"] == "https://flashinfer.ai/whl"
@@ -170,9 +174,10 @@ def test_remove_mode_uninstalls_the_stale_cubin(venv):
     set_cubin(venv, "0.6.12")
     assert CRASH in import_flashinfer(venv).stderr
 
-    removed = run_module(venv, {"mode": "remove"})
+    removed = run_module(venv, {"mode": "remove"}, diff=True)
     assert not removed.get("failed"), removed.get("msg")
     assert removed["changed"] is True
+    assert removed["diff"]["after"] == "flashinfer-python==0.6.13\n"  # the real after-state
     assert removed["summary"] == ["flashinfer-cubin: 0.6.12 -> removed"]
     assert removed["versions_after"]["flashinfer-cubin"] is None
     assert installed(venv)["flashinfer-cubin"] is None

@@ -85,7 +85,7 @@ def hub(model_dir, tmp_path_factory):
     out = subprocess.run(
         [HF_PYTHON, os.path.join(ROOT, "tests", "harness", "hubserver.py"), "start", "--model-dir",
          str(model_dir), "--repo", REPO, "--port", str(port), "--state-dir", str(state),
-         "--tag", "v1"], capture_output=True, text=True, timeout=120)
+         "--tag", "v1"], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
     info["state"] = str(state)
@@ -106,12 +106,15 @@ def resolve_gets(hub, path):
 
 # ------------------------------------------------------------------ running the module
 
-def run_module(args, check=False, env=None, background=False):
+def run_module(args, check=False, env=None, background=False, diff=False):
     """`ansible localhost -m hf_model_download` with the downloader venv as interpreter."""
-    cmd = [ANSIBLE, "localhost", "-i", "localhost,", "-c", "local", "-m", "vllm_ops.deploy.hf_model_download",
+    cmd = [ANSIBLE, "localhost", "-i", "localhost,", "-c", "local", "-m",
+           "vllm_ops.deploy.hf_model_download",
            "-e", "ansible_python_interpreter=%s" % HF_PYTHON, "-a", json.dumps(args)]
     if check:
         cmd.append("--check")
+    if diff:
+        cmd.append("--diff")
     e = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
              ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
              ANSIBLE_LOCALHOST_WARNING="0")
@@ -119,7 +122,8 @@ def run_module(args, check=False, env=None, background=False):
     if background:
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e,
                                 cwd=ROOT)
-    out = subprocess.run(cmd, capture_output=True, text=True, env=e, cwd=ROOT, timeout=300)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=e, cwd=ROOT, timeout=300,
+                         check=False)
     return parse_result(out.stdout, out.stderr)
 
 
@@ -238,12 +242,21 @@ def test_offline_verifies_against_the_manifest_without_network(hub, tmp_path):
 
 def test_check_mode_reports_plan_without_writing(hub, tmp_path):
     dest = tmp_path / "w"
-    res = run_module(base_args(hub, dest), check=True)
+    res = run_module(base_args(hub, dest), check=True, diff=True)
     assert res.get("failed") is not True, res.get("msg")
     assert res["changed"] and res["would_download"] and res["downloaded"] is False
     assert res["bytes_needed"] == res["bytes"] > 3 * SHARD - 3
     assert res["bytes_free"] > 0
     assert not dest.exists()
+    # --diff: nothing there before; after, the pinned commit's files with their sizes
+    assert res["diff"]["before"] == {}
+    assert res["diff"]["after"]["sha"] == hub["sha"]
+    assert res["diff"]["after"]["files"] == res["files"]
+    # a real run reports the same after-state as its diff, and no diff without --diff
+    done = run_module(base_args(hub, dest), diff=True)
+    assert done["changed"] and done["diff"]["after"]["files"] == res["files"]
+    other = run_module(base_args(hub, tmp_path / "w2"))
+    assert other["changed"] and "diff" not in other
 
 
 def test_disk_refusal_names_numbers_and_writes_nothing(hub, tmp_path):
@@ -419,7 +432,7 @@ class ThrottleRelay(object):
     def _accept(self):
         while not self.closed:
             try:
-                client, _ = self.sock.accept()
+                client, _unused = self.sock.accept()
             except OSError:
                 return
             upstream = socket.create_connection(self.upstream)

@@ -93,7 +93,7 @@ def run_module(args, check=False):
            "-m", "vllm_ops.deploy.vllm_sweep", "-a", json.dumps(args)]
     if check:
         cmd.append("--check")
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
     data = json.loads(out.stdout)
     return data["plays"][0]["tasks"][0]["hosts"]["localhost"], out.stdout
 
@@ -147,7 +147,7 @@ def test_sweep_counts_match_server_and_lengths_are_exact(server):
 
 def test_chunk_usage_gives_tokens_per_chunk(server):
     log_path = str(server["tmp"] / "chunk-usage.jsonl")
-    res, _ = run_module({
+    res, _unused = run_module({
         "base_url": server["base"], "model": "tiny", "api_key": API_KEY, "levels": [2],
         "input_len": 16, "output_len": 12, "duration_s": 2, "chunk_usage": True,
         "request_log_path": log_path,
@@ -165,8 +165,8 @@ def test_chunk_usage_gives_tokens_per_chunk(server):
 
 def test_wrong_model_name_lists_served_names(server):
     log_path = str(server["tmp"] / "wrong.jsonl")
-    res, _ = run_module({"base_url": server["base"], "model": "no-such-model",
-                         "levels": [1], "request_log_path": log_path})
+    res, _unused = run_module({"base_url": server["base"], "model": "no-such-model",
+                               "levels": [1], "request_log_path": log_path})
     assert res["failed"] is True
     assert "'no-such-model' is not served" in res["msg"]
     assert "served model names: tiny" in res["msg"]
@@ -179,8 +179,8 @@ def test_unreachable_endpoint_fails_before_any_level(server):
         dead = "http://127.0.0.1:%d" % s.getsockname()[1]
     log_path = str(server["tmp"] / "dead.jsonl")
     t0 = time.time()
-    res, _ = run_module({"base_url": dead, "model": "tiny", "levels": [1, 2],
-                         "request_log_path": log_path})
+    res, _unused = run_module({"base_url": dead, "model": "tiny", "levels": [1, 2],
+                               "request_log_path": log_path})
     assert res["failed"] is True
     assert "cannot reach the server at %s/v1/models" % dead in res["msg"]
     assert not os.path.exists(log_path)
@@ -189,15 +189,15 @@ def test_unreachable_endpoint_fails_before_any_level(server):
 
 def test_check_mode_sends_nothing(server):
     log_path = str(server["tmp"] / "check.jsonl")
-    res, _ = run_module({"base_url": server["base"], "model": "tiny", "levels": [1],
-                         "request_log_path": log_path}, check=True)
+    res, _unused = run_module({"base_url": server["base"], "model": "tiny", "levels": [1],
+                               "request_log_path": log_path}, check=True)
     assert res["skipped"] is True and res["changed"] is False
     assert "ansible_facts" not in res
     assert not os.path.exists(log_path)
 
 
 def test_bad_levels_are_argument_errors(server):
-    res, _ = run_module({"base_url": server["base"], "model": "tiny", "levels": [1, 0, -2]})
+    res, _unused = run_module({"base_url": server["base"], "model": "tiny", "levels": [1, 0, -2]})
     assert res["failed"] is True
     assert "levels must be positive integers, got [0, -2]" in res["msg"]
 
@@ -226,7 +226,7 @@ def play(ws, extra=None, check=False, diff=False):
     if diff:
         cmd.append("--diff")
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
     text = out.stdout + out.stderr
     recap = {}
     for line in text.splitlines():
@@ -396,7 +396,7 @@ def test_compare_two_saved_runs(role_runs):
         [PLAYBOOK, "vllm_ops.deploy.compare", "-e", json.dumps({
             "vllm_compare_runs": [str(runs[0]), str(runs[1].parent)],
             "vllm_compare_labels": ["out16", "newest"], "vllm_compare_out": str(play_dir)})],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stdout[-3000:]
     text = (play_dir / "compare.txt").read_text()
     assert "[2] newest: in/out 32/48 tokens" in text
@@ -479,7 +479,7 @@ def profile_runs(server):
 
 
 def test_a_switched_profile_is_measured_again_an_unchanged_one_is_not(profile_runs):
-    (_, (out1, r1, b1)), (_, (out2, r2, b2)), (_, (out3, r3, b3)), (_, (out4, r4, b4)) = \
+    (_unused, (out1, r1, b1)), (_unused2, (out2, r2, b2)), (_unused3, (out3, r3, b3)), (_unused4, (out4, r4, b4)) = \
         profile_runs
     main1, main3, main4 = r1["instances"]["main"], r3["instances"]["main"], r4["instances"]["main"]
     # 1: measured, with the instance's configuration in its provenance

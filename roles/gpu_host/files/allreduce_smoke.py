@@ -75,12 +75,12 @@ def _worker(rank, world_size, port, args, results):
         expected = world_size * (world_size + 1) / 2.0
         correct = bool(torch.all(x == expected).item())
 
-        for _ in range(args.warmup):
+        for _unused in range(args.warmup):
             dist.all_reduce(x)
         sync()
         dist.barrier()
         t0 = time.perf_counter()
-        for _ in range(args.iters):
+        for _unused in range(args.iters):
             dist.all_reduce(x)
         sync()
         elapsed = time.perf_counter() - t0
@@ -197,7 +197,7 @@ def run(args):
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
     ap.add_argument("--nprocs", type=int, default=0,
                     help="ranks to start (default: every visible GPU; 2 for gloo)")

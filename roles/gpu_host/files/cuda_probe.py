@@ -74,7 +74,7 @@ def probe_nvcc(cuda_home):
     res["path"] = nvcc
     try:
         proc = subprocess.run([nvcc, "--version"], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, universal_newlines=True, timeout=60)
+                              stderr=subprocess.STDOUT, universal_newlines=True, timeout=60, check=False)
         res["output"] = proc.stdout.strip().splitlines()[-2:]
         res.update(parse_nvcc_version(proc.stdout))
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
@@ -99,7 +99,7 @@ def probe_nccl(path):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--packages", nargs="*", default=[])
     ap.add_argument("--cuda-home", default="")
     ap.add_argument("--nccl-lib", default="")

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import Record, summarize_level
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import (
+    Record, summarize_level)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SCRIPT = os.path.join(ROOT, "tests", "benchmarks", "bench_sweep_vs_vllm.py")
@@ -215,8 +216,8 @@ def test_verdicts_pass_fail_and_boundaries():
     assert v["tok_s"]["pass"] is True and v["ttft_p50"]["pass"] is True
     assert v["cpu"]["pass"] is True
     v = bc.verdicts(_agg(0.969, 1.031, 0.501))
-    assert (v["tok_s"]["pass"], v["ttft_p50"]["pass"], v["cpu"]["pass"]) == (False, False,
-                                                                               False)
+    assert (v["tok_s"]["pass"], v["ttft_p50"]["pass"], v["cpu"]["pass"]) == (
+        False, False, False)
     v = bc.verdicts(_agg(None, None, None))
     assert (v["tok_s"]["pass"], v["ttft_p50"]["pass"], v["cpu"]["pass"]) == (None, None, None)
 

@@ -27,8 +27,8 @@ import sys
 
 import pytest
 
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.capacity_plan import (GIB, PlanError, kv_bytes_per_token, architecture,
-                                                plan, quantization_info)
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.capacity_plan import (
+    GIB, PlanError, kv_bytes_per_token, architecture, plan, quantization_info)
 
 MIB = 1024 ** 2
 GB = 1000 ** 3
@@ -166,7 +166,7 @@ def test_kimi_mla_latent_bytes_and_no_tp_split():
     arch = architecture(KIMI_K25)          # read from the nested text_config
     assert arch["mla"] and arch["layers"] == 61 and arch["model_type"] == "kimi_k2"
     whole, per_gpu8 = kv_bytes_per_token(arch, 2, tensor_parallel=8)
-    _, per_gpu4 = kv_bytes_per_token(arch, 2, tensor_parallel=4)
+    _unused, per_gpu4 = kv_bytes_per_token(arch, 2, tensor_parallel=4)
     # (kv_lora_rank 512 + qk_rope_head_dim 64) x 61 layers x 2 bytes, on every TP rank.
     assert whole == per_gpu8 == per_gpu4 == 576 * 61 * 2 == 70272
     # A plain GQA reading of the same config (64 KV heads x 192) would be ~27x larger.
@@ -300,7 +300,7 @@ def test_bad_config_is_refused():
 # ----------------------------------------------------------------------------- the module
 
 def run_module(args, monkeypatch, capsys):
-    import ansible.module_utils.basic as basic
+    from ansible.module_utils import basic
     from ansible_collections.vllm_ops.deploy.plugins.modules import vllm_capacity_plan
 
     monkeypatch.setattr(basic, "_ANSIBLE_ARGS", None, raising=False)

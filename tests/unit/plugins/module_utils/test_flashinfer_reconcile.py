@@ -156,3 +156,21 @@ def test_reads_torch_cuda_without_importing_torch(tmp_path, monkeypatch, cuda, e
     importlib.invalidate_caches()
     assert torch_cuda_version() == expected
     assert "torch" not in sys.modules
+
+
+def test_diff_of_the_packages_before_and_after():
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.flashinfer_reconcile import (
+        predict_versions, versions_diff)
+    before = {"flashinfer-python": "0.6.13", "flashinfer-cubin": "0.6.12",
+              "flashinfer-jit-cache": "0.6.12+cu130"}
+    plan = plan_reconcile(before, "13.0")
+    after = predict_versions(before, plan["actions"])
+    assert after == {"flashinfer-python": "0.6.13", "flashinfer-cubin": "0.6.13",
+                     "flashinfer-jit-cache": "0.6.13+cu130"}
+    d = versions_diff(before, after)
+    assert d["before"].splitlines() == ["flashinfer-python==0.6.13", "flashinfer-cubin==0.6.12",
+                                        "flashinfer-jit-cache==0.6.12+cu130"]
+    assert d["after"].splitlines()[1:] == ["flashinfer-cubin==0.6.13",
+                                           "flashinfer-jit-cache==0.6.13+cu130"]
+    removed = predict_versions(before, plan_reconcile(before, "13.0", mode="remove")["actions"])
+    assert versions_diff(before, removed)["after"] == "flashinfer-python==0.6.13\n"

@@ -6,14 +6,12 @@ import os
 import pytest
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.hf_weights import (
-    FP8_KV_CACHE_OVERRIDE_EXAMPLE, HfWeightsError, apply_json_ops, build_manifest,
-    bytes_missing, disk_preflight, existing_ancestor, file_complete, find_incomplete,
-    free_bytes, git_blob_oid, human_bytes, incomplete_bytes, is_commit_sha, manifest_matches,
-    normalize_overrides, normalize_patterns, path_selected, plan_overrides, progress_bytes,
-    read_download_metadata, read_manifest, remove_incomplete, request_from_manifest,
-    select_files, verify_local_dir,
-    write_json_atomic,
-    write_overrides)
+    FP8_KV_CACHE_OVERRIDE_EXAMPLE, HfWeightsError, apply_json_ops, build_manifest, bytes_missing,
+    disk_preflight, existing_ancestor, file_complete, find_incomplete, free_bytes, git_blob_oid,
+    human_bytes, incomplete_bytes, is_commit_sha, manifest_matches, normalize_overrides,
+    normalize_patterns, path_selected, plan_overrides, progress_bytes, read_download_metadata,
+    read_manifest, remove_incomplete, request_from_manifest, select_files, verify_local_dir,
+    write_json_atomic, write_overrides)
 
 SHA = "3a43b235a4df7b2b2128ab9f6db8b01cf7048bcd"
 OTHER_SHA = "0" * 40
@@ -500,7 +498,8 @@ def test_manifest_tracks_overridden_file(tmp_path):
 
 
 def test_discard_damaged_removes_the_file_and_its_metadata(tmp_path):
-    from ansible_collections.vllm_ops.deploy.plugins.module_utils.hf_weights import discard_damaged, metadata_path
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.hf_weights import (
+        discard_damaged, metadata_path)
 
     d = str(tmp_path)
     for rel in ("a.bin", "sub/b.bin"):

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.ray_status import (NODE_TABLE_SCRIPT, RayStatusError, alive_nodes,
-                                             check_cluster, parse_node_table,
-                                             validate_expected)
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.ray_status import (
+    NODE_TABLE_SCRIPT, RayStatusError, alive_nodes, check_cluster, parse_node_table,
+    validate_expected)
 
 
 def node(ip, cpus=1.0, gpus=None, alive=True, node_id=None):

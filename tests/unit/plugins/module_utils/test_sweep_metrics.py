@@ -4,8 +4,7 @@ import pytest
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import (
     Record, describe, format_table, headline, knee, metric_sum, output_length_check,
     parse_prometheus, percentile, saturation_check, server_counters, server_cross_check,
-    summarize_level,
-)
+    summarize_level)
 
 
 def rec(start, end, ct=10, pt=5, chunks=None, tokens=None, error=None, expected=10):
@@ -42,7 +41,7 @@ def test_percentiles_are_numpys_linear_method():
     import numpy
     rng = random.Random(7)
     for n in (2, 3, 10, 101, 1000):
-        xs = [rng.expovariate(1.0) for _ in range(n)]
+        xs = [rng.expovariate(1.0) for _unused in range(n)]
         for p in (1, 25, 50, 90, 99, 100, 0):
             assert percentile(xs, p) == pytest.approx(float(numpy.percentile(xs, p)), rel=1e-12)
         d = describe(xs, scale=1.0, digits=12)
@@ -131,7 +130,7 @@ def test_goodput_and_slo_verdict():
 # --- exact output length --------------------------------------------------------------------
 
 def test_output_length_check_marks_past_one_percent():
-    good = [rec(0, 1, ct=64, expected=64) for _ in range(99)]
+    good = [rec(0, 1, ct=64, expected=64) for _unused in range(99)]
     one_miss = good + [rec(0, 1, ct=63, expected=64)]
     chk = output_length_check(one_miss, 64)
     assert (chk["checked"], chk["mismatched"], chk["fraction"], chk["marked"]) == (
@@ -292,13 +291,15 @@ def good_params(**kw):
     (dict(saturation_threshold=-0.1), "saturation_threshold must be >= 0, got -0.1"),
 ])
 def test_check_params_names_the_variable(kw, message):
-    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import SweepError, check_params
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import (
+        SweepError, check_params)
     with pytest.raises(SweepError) as e:
         check_params(good_params(**kw))
     assert message in str(e.value)
 
 
 def test_check_params_accepts_defaults():
-    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import check_params, default_min_requests
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import (
+        check_params, default_min_requests)
     check_params(good_params())
     assert default_min_requests(1) == 8 and default_min_requests(16) == 32

@@ -19,8 +19,7 @@ from aiohttp import web  # noqa: E402
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils import sweep_client  # noqa: E402
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import (  # noqa: E402
-    RequestLogError, Sweep, SweepError, failure_message, run_sweep,
-)
+    RequestLogError, Sweep, SweepError, failure_message, run_sweep)
 
 MODEL = "tiny"
 

@@ -7,8 +7,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_http import (EndpointError, LoadTimeout, completion_check,
-                                            health, served_models, wait_ready)
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_http import (
+    EndpointError, LoadTimeout, completion_check, health, served_models, wait_ready)
 
 
 class FakeVLLM(BaseHTTPRequestHandler):

@@ -8,7 +8,8 @@ import pytest
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_install_plan import (
     check_installed, find_wheel, make_pin, no_deps_wheels, parse_wheel_name, plan, resolve_wheel)
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_source import SourceError, validate_source
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_source import (
+    SourceError, validate_source)
 from test_vllm_source import CU130_METADATA, CU130_WHL, PROJECT_LIST, SHA
 
 ROOT = "/opt/vllm-deploy"

@@ -60,7 +60,7 @@ def test_two_tp4_instances_on_eight_gpus():
 
 
 def test_overlapping_gpu_sets_refused_with_the_gpus():
-    _, errors = resolve_instances(
+    _unused, errors = resolve_instances(
         [{"name": "a", "port": 8001, "cuda_visible_devices": "0,1,2,3"},
          {"name": "b", "port": 8002, "cuda_visible_devices": "3,4,5,6"}],
         defaults(profile="minimax-m2.5-tp4"), PROFILES, gpu_count=8)
@@ -68,7 +68,7 @@ def test_overlapping_gpu_sets_refused_with_the_gpus():
 
 
 def test_gpu_instance_without_a_set_overlaps_any_other():
-    _, errors = resolve_instances(
+    _unused, errors = resolve_instances(
         [{"name": "a", "port": 8001}, {"name": "b", "port": 8002, "cuda_visible_devices": "4,5,6,7"}],
         defaults(profile="minimax-m2.5-tp4"), PROFILES, gpu_count=8)
     assert len(errors) == 1 and "a sets no cuda_visible_devices" in errors[0]
@@ -82,21 +82,21 @@ def test_cpu_instances_may_share_the_host_without_gpu_sets():
 
 
 def test_same_port_refused():
-    _, errors = resolve_instances(
+    _unused, errors = resolve_instances(
         [{"name": "one", "port": 8220}, {"name": "two", "port": 8220}],
         defaults(profile="cpu-tiny"), PROFILES)
     assert errors == ["instances one and two both use port 8220; give each its own port"]
 
 
 def test_same_name_refused():
-    _, errors = resolve_instances(
+    _unused, errors = resolve_instances(
         [{"name": "one", "port": 8220}, {"name": "one", "port": 8221}],
         defaults(profile="cpu-tiny"), PROFILES)
     assert len(errors) == 1 and "same name" in errors[0]
 
 
 def test_parallel_above_the_gpu_set():
-    _, errors = resolve_instances(
+    _unused, errors = resolve_instances(
         [{"name": "a", "port": 8001, "cuda_visible_devices": "0,1"}],
         defaults(profile="minimax-m2.5-tp4"), PROFILES, gpu_count=8)
     assert errors == ["instance a (profile minimax-m2.5-tp4): tensor 4 x pipeline 1 x data 1 = "
@@ -104,11 +104,11 @@ def test_parallel_above_the_gpu_set():
 
 
 def test_parallel_above_the_host():
-    _, errors = resolve_instances([], defaults(profile="kimi-k2.5-nvfp4-tp8"), PROFILES,
-                                  gpu_count=4)
+    _unused, errors = resolve_instances([], defaults(profile="kimi-k2.5-nvfp4-tp8"), PROFILES,
+                                        gpu_count=4)
     assert errors == ["instance main (profile kimi-k2.5-nvfp4-tp8): tensor 8 x pipeline 1 x "
                       "data 1 = 8 GPUs but the host has 4 GPUs"]
-    _, errors = resolve_instances(
+    _unused, errors = resolve_instances(
         [], defaults(profile="minimax-m2.5-tp4",
                      profile_overrides={"parallel": {"data": 2}, "gpu": {"min_count": 8}}),
         PROFILES, gpu_count=4)
@@ -117,14 +117,14 @@ def test_parallel_above_the_host():
 
 
 def test_gpu_profile_on_a_host_without_gpus():
-    _, errors = resolve_instances([], defaults(profile="minimax-m2.5-tp4"), PROFILES,
-                                  gpu_count=0)
+    _unused, errors = resolve_instances([], defaults(profile="minimax-m2.5-tp4"), PROFILES,
+                                        gpu_count=0)
     assert errors == ["instance main (profile minimax-m2.5-tp4) needs tensor 4 x pipeline 1 x "
                       "data 1 = 4 GPUs but the host has no GPU"]
 
 
 def test_gpu_index_the_host_lacks():
-    _, errors = resolve_instances(
+    _unused, errors = resolve_instances(
         [{"name": "a", "port": 8001, "cuda_visible_devices": "4,5,6,7"}],
         defaults(profile="minimax-m2.5-tp4"), PROFILES, gpu_count=6)
     assert errors == ["instance a (profile minimax-m2.5-tp4): cuda_visible_devices 4,5,6,7 "
@@ -132,27 +132,27 @@ def test_gpu_index_the_host_lacks():
 
 
 def test_unknown_profile_lists_the_known():
-    _, errors = resolve_instances([], defaults(profile="llama-9000"), PROFILES)
+    _unused, errors = resolve_instances([], defaults(profile="llama-9000"), PROFILES)
     assert len(errors) == 1
     assert "unknown vllm_service profile 'llama-9000'" in errors[0]
     assert "cpu-tiny" in errors[0] and "minimax-m2.5-tp4" in errors[0]
 
 
 def test_max_model_len_above_the_model_limit():
-    _, errors = resolve_instances(
+    _unused, errors = resolve_instances(
         [], defaults(profile="cpu-tiny", model_dir="/srv/models/tiny",
                      profile_overrides={"max_model_len": 4096}),
         PROFILES, model_limits={"/srv/models/tiny": 2048})
     assert errors == ["instance main: max_model_len 4096 is above the model's limit 2048 "
                       "(max_position_embeddings in /srv/models/tiny/config.json)"]
-    _, errors = resolve_instances(
+    _unused, errors = resolve_instances(
         [], defaults(profile="cpu-tiny", model_dir="/srv/models/tiny"),
         PROFILES, model_limits={"/srv/models/tiny": 2048})
     assert errors == []
 
 
 def test_all_errors_reported_at_once():
-    _, errors = resolve_instances(
+    _unused, errors = resolve_instances(
         [{"name": "a", "port": 8001, "cuda_visible_devices": "0,1,2,3"},
          {"name": "b", "port": 8001, "cuda_visible_devices": "2,3"}],
         defaults(profile="minimax-m2.5-tp4"), PROFILES, gpu_count=8)
@@ -160,30 +160,30 @@ def test_all_errors_reported_at_once():
 
 
 def test_bad_entries():
-    _, errors = resolve_instances([{"name": "a"}], defaults(), PROFILES)
+    _unused, errors = resolve_instances([{"name": "a"}], defaults(), PROFILES)
     assert errors == ["vllm_service_instances[0]: port required"]
-    _, errors = resolve_instances([{"name": "a", "port": 1, "gpus": "0"}], defaults(), PROFILES)
+    _unused, errors = resolve_instances([{"name": "a", "port": 1, "gpus": "0"}], defaults(), PROFILES)
     assert "unknown keys gpus" in errors[0]
-    _, errors = resolve_instances([{"name": "A b", "port": 1}], defaults(), PROFILES)
+    _unused, errors = resolve_instances([{"name": "A b", "port": 1}], defaults(), PROFILES)
     assert "name must match" in errors[0]
-    _, errors = resolve_instances([{"name": "a", "port": 70000}], defaults(), PROFILES)
+    _unused, errors = resolve_instances([{"name": "a", "port": 70000}], defaults(), PROFILES)
     assert errors == ["instance a: port 70000 is outside 1..65535"]
-    _, errors = resolve_instances([{"name": "a", "port": 1, "cuda_visible_devices": "0,0"}],
-                                  defaults(), PROFILES)
+    _unused, errors = resolve_instances([{"name": "a", "port": 1, "cuda_visible_devices": "0,0"}],
+                                        defaults(), PROFILES)
     assert "GPU 0 is listed twice" in errors[0]
-    _, errors = resolve_instances("nope", defaults(), PROFILES)
+    _unused, errors = resolve_instances("nope", defaults(), PROFILES)
     assert "must be a list" in errors[0]
 
 
 def test_secrets_and_conflicting_flags_refused():
-    _, errors = resolve_instances([{"name": "a", "port": 1, "args": ["--api-key", "x"]}],
-                                  defaults(profile="cpu-tiny"), PROFILES)
+    _unused, errors = resolve_instances([{"name": "a", "port": 1, "args": ["--api-key", "x"]}],
+                                        defaults(profile="cpu-tiny"), PROFILES)
     assert "--api-key" in errors[0]
-    _, errors = resolve_instances([{"name": "a", "port": 1, "env": {"HF_TOKEN": "x"}}],
-                                  defaults(profile="cpu-tiny"), PROFILES)
+    _unused, errors = resolve_instances([{"name": "a", "port": 1, "env": {"HF_TOKEN": "x"}}],
+                                        defaults(profile="cpu-tiny"), PROFILES)
     assert "looks like a secret" in errors[0]
-    _, errors = resolve_instances([{"name": "a", "port": 1, "extra_args": ["--dtype", "bfloat16"]}],
-                                  defaults(profile="cpu-tiny"), PROFILES)
+    _unused, errors = resolve_instances([{"name": "a", "port": 1, "extra_args": ["--dtype", "bfloat16"]}],
+                                        defaults(profile="cpu-tiny"), PROFILES)
     assert "--dtype" in errors[0] and "float32" in errors[0]
 
 
@@ -208,8 +208,8 @@ def test_gpu_memory_of_the_set():
 
 
 def test_plain_args_refuse_role_flags_and_secret_values():
-    _, errors = resolve_instances([], defaults(args=["--port", "1"]), PROFILES)
+    _unused, errors = resolve_instances([], defaults(args=["--port", "1"]), PROFILES)
     assert "must not set --port" in errors[0]
-    _, errors = resolve_instances([], defaults(args=["--x", "hf_abcdefghijklmnopqrstuvwxyz"]),
-                                  PROFILES)
+    _unused, errors = resolve_instances([], defaults(args=["--x", "hf_abcdefghijklmnopqrstuvwxyz"]),
+                                        PROFILES)
     assert "looks like a token" in errors[0]

@@ -20,9 +20,9 @@ import json
 import pytest
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_source import (
-    SourceError, check_variant_present, index_url, install_command, metadata_url,
-    parse_metadata, parse_version, parse_wheel_filename, select_wheel, validate_source,
-    variants_from_project_list, version_matches_pin)
+    SourceError, check_variant_present, index_url, install_command, metadata_url, parse_metadata,
+    parse_version, parse_wheel_filename, select_wheel, validate_source, variants_from_project_list,
+    version_matches_pin)
 
 SHA = "e2f56c309d2a28899c68975a7e104502d56deb8f"
 DEFAULT_WHL = "vllm-0.11.2.dev363+ge2f56c309-cp38-abi3-manylinux1_x86_64.whl"
@@ -178,7 +178,6 @@ def test_select_wheel_default_root_index():
     assert got["url"] == "https://wheels.vllm.ai/%s/%s" % (SHA, DEFAULT_WHL.replace("+", "%2B"))
 
 
-
 def test_variant_not_present_lists_the_variants_that_are():
     present = variants_from_project_list(PROJECT_LIST)
     assert present == ["cpu", "cu129", "cu130"]
@@ -289,7 +288,7 @@ def test_the_fallback_is_taken_without_packaging(monkeypatch):
 
 def test_commit_pin_matching():
     src = validate_source({"commit": "739e5945d" + "1" * 31, "variant": "cu130"})
-    ok, _ = version_matches_pin("0.19.1rc1.dev242+g739e5945d.cu130", src)
+    ok, _unused = version_matches_pin("0.19.1rc1.dev242+g739e5945d.cu130", src)
     assert ok
     ok, why = version_matches_pin("0.19.1rc1.dev242+g739e5945d.cu129", src)
     assert not ok and "not variant cu130" in why

@@ -38,3 +38,33 @@ def test_module_documentation_parses(name):
         assert spec.get("description"), "%s has no description" % option
     assert isinstance(yaml.safe_load(docs["EXAMPLES"]), list)
     yaml.safe_load(docs["RETURN"])
+
+
+def test_modules_declare_their_attributes_as_ansible_doc_shows_them():
+    """Documentation as ansible-doc renders it (fragments of plugins/doc_fragments resolved):
+    every module states check_mode and diff_mode support and where it runs, and its examples
+    call it by its FQCN."""
+    import json
+    import subprocess
+    import sys
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
+    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-doc"), "--json",
+                          "-t", "module"] + ["vllm_ops.deploy." + n for n in NAMES],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+                         check=True)
+    docs = json.loads(out.stdout)
+    assert sorted(docs) == ["vllm_ops.deploy." + n for n in NAMES]
+    for fqcn, doc in docs.items():
+        attrs = doc["doc"]["attributes"]
+        assert attrs["check_mode"]["support"] in ("full", "partial", "none"), fqcn
+        assert attrs["diff_mode"]["support"] in ("full", "partial", "none"), fqcn
+        assert "platform" in attrs, fqcn
+        assert attrs["check_mode"]["description"], fqcn  # from the shared fragment
+        examples = yaml.safe_load(doc["examples"])
+        short = fqcn.rsplit(".", 1)[1]
+        assert any(fqcn in task for task in examples), fqcn
+        assert not any(short in task or "ansible.legacy." + short in task for task in examples)
+        assert doc["doc"]["author"] == ["vllm-deploy contributors (@vllm-ops)"]
+    # modules that change something say what in diff mode
+    for name in ("flashinfer_reconcile", "hf_model_download", "vllm_report"):
+        assert docs["vllm_ops.deploy." + name]["doc"]["attributes"]["diff_mode"]["support"] == "full"

@@ -27,8 +27,8 @@ def endpoints(instances=(), dirs=None, **over):
     return vllm_instance_endpoints(out["instances"])
 
 
-def fp(target, sweep=SWEEP, context=CONTEXT):
-    return fingerprint(instance_config(target, sweep, context))
+def fp(target, sweep=None, context=None):
+    return fingerprint(instance_config(target, sweep or SWEEP, CONTEXT if context is None else context))
 
 
 def test_switching_profile_with_the_same_served_name_changes_the_fingerprint():

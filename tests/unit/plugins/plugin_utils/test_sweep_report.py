@@ -206,7 +206,7 @@ def test_inventory_results_file_is_a_run(tmp_path):
     assert run["label"] == "tiny@h2"
     assert sr.level_row(run["levels"][0])["output_tok_s"] == pytest.approx(11.0)
     assert sr.stop_lines(run) == ["stop: ran all levels"]
-    lines, _ = sr.compare([str(tmp_path / "a"), str(p)], str(tmp_path / "o"))
+    lines, _unused = sr.compare([str(tmp_path / "a"), str(p)], str(tmp_path / "o"))
     assert any(" 1.00x" in line for line in lines)
 
 

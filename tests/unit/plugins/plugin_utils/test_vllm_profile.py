@@ -11,8 +11,8 @@ import yaml
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.capacity_plan import PlanError, plan
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_profile import (
-    ProfileError, merge_args, merge_env, merge_overrides, parse_flags, render_argv,
-    resolve_profile, validate_profile)
+    ProfileError, merge_args, merge_env, merge_overrides, parse_flags, render_argv, resolve_profile,
+    validate_profile)
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils import vllm_profiles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
