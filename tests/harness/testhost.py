@@ -73,9 +73,8 @@ def log(msg):
     print("testhost: " + msg, file=sys.stderr, flush=True)
 
 
-def run(cmd, **kw):
-    kw.setdefault("check", True)
-    return subprocess.run(cmd, **kw, check=False)
+def run(cmd, check=True, **kw):
+    return subprocess.run(cmd, check=check, **kw)
 
 
 def require_root_tools():
