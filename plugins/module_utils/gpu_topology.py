@@ -7,7 +7,8 @@ tests/fixtures/nvidia-smi/ (H200 x1 and x2 captures, published PCIe samples).
 Output that does not look like what nvidia-smi prints raises NvidiaSmiParseError, whose
 message quotes the offending raw line, so a caller can show exactly what was not understood.
 
-Topology classes (field notes section 3), for the GPU set's worst pair:
+Topology classes, for the GPU set's worst pair (the links of ``nvidia-smi topo -m``; the
+class decides the NCCL environment, see nccl_env.py):
   nvlink            every pair NV#
   pcie-switch       worst pair PIX or PXB (peers behind a PCIe switch)
   pcie-host-bridge  worst pair PHB or NODE (traffic crosses a CPU host bridge)
@@ -387,8 +388,8 @@ def classify(matrix, p2p=None, gpus=None):
 
     matrix: parse_topo_matrix(); p2p: parse_topo_p2p(mode r) or None when not captured;
     gpus: the GPU names (["GPU0", "GPU1"]) or indices of the set (default: all).
-    Rule (field notes section 3): any P2P read status other than OK -> no-p2p; otherwise the
-    worst link decides: SYS -> cross-numa, NODE/PHB -> pcie-host-bridge, PIX/PXB -> pcie-switch,
+    Rule: any P2P read status other than OK (``nvidia-smi topo -p2p r``: NS, CNS, GNS, TNS,
+    DR, U) -> no-p2p; otherwise the worst link decides: SYS -> cross-numa, NODE/PHB -> pcie-host-bridge, PIX/PXB -> pcie-switch,
     all NV# -> nvlink. Returns {"class", "reason", "evidence": [...], "pairs": {"GPU0-GPU1": ...}}.
     """
     names = list(matrix["gpus"]) if gpus is None else [
@@ -442,7 +443,13 @@ def classify(matrix, p2p=None, gpus=None):
 
 
 def p2p_risks(topology_class, iommu=None, acs=None, uvm_hmm_disabled=None):
-    """Host settings known to make PCIe P2P hang or crawl (field notes section 3). List of str.
+    """Host settings known to make PCIe P2P hang or crawl. List of str.
+
+    IOMMU translation and ACS source validation (``lspci -vvv``: ``ACSCtl: SrcValid+``) send
+    peer-to-peer traffic up through the root complex, which hangs or slows all-reduce on
+    PCIe boxes (seen on PCIe Blackwell); nvidia_uvm's HMM is a further known cause
+    (``options nvidia_uvm uvm_disable_hmm=1`` fixes it). The fixes are BIOS/kernel settings:
+    they are reported here, never changed.
 
     Only PCIe classes are at risk: NVLink peers do not route through the root complex.
     """

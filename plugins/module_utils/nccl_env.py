@@ -4,7 +4,10 @@ Pure Python. derive() turns (topology class, workload profile, GPU count, user o
 an environment where every variable carries a one-line reason, so users can see why it is set.
 The preflight functions return messages that name the variable to change and the numbers.
 
-Profiles (field notes section 3, community RTX PRO 6000 NCCL tuning):
+Profiles (after the community RTX PRO 6000 NCCL tuning, github.com/local-inference-lab/rtx6kpro
+optimization/nccl-tuning.md, which reports on MiniMax-M2.5 90 vs 70 tok/s for one request with
+P2P on, 5,000 vs 10,000 tok/s for 100 requests with P2P off: the right environment depends on
+the workload):
   latency     P2P on, P2P level matched to the topology, a few more channels: best for few
               concurrent requests.
   throughput  on PCIe, P2P off with more channels and larger buffers: best under high

@@ -14,7 +14,7 @@ The GPU machines have no registry access, so every wheel travels with a `run` ca
 On the device, ``tests/gpu/run.sh stage N`` copies ``partN`` into the wheelhouse and
 ``run.sh install`` joins the pieces and checks every sha256 against the manifest.
 
-    python tests/gpu/stage_wheels.py --list ../shared/gpu-wheelhouse-vllm-0.25.0.txt \
+    python tests/gpu/stage_wheels.py --list tests/gpu/wheelhouse-vllm-0.25.0.txt \
         --out build/gpu-wheels --cap-mib 62
 """
 from __future__ import annotations

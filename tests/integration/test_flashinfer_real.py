@@ -2,7 +2,7 @@
 
 A scratch venv gets flashinfer-python 0.6.13 and flashinfer-cubin 0.6.12 from PyPI, the pair
 that makes `import flashinfer` raise `RuntimeError: flashinfer-cubin version (0.6.12) does not
-match flashinfer version (0.6.13)` (field notes §2). The module is then run the way the role
+match flashinfer version (0.6.13)`, the crash a stale cubin causes once vLLM is upgraded. The module is then run the way the role
 runs it: through `ansible` with the venv's python as ansible_python_interpreter (AnsiballZ
 ships the module and its module_utils), in check mode, mode=match (cubin 0.6.13 comes from
 PyPI, which still holds it) and mode=remove, each followed by a second run that must plan

@@ -28,7 +28,7 @@ def test_cuda_tag_rejects_garbage():
         cuda_tag("rocm6.2")
 
 
-def test_the_field_notes_crash_case_match():
+def test_the_pypi_crash_case_match():
     # flashinfer-python 0.6.13 + flashinfer-cubin 0.6.12: the RuntimeError on import
     plan = plan_reconcile(v("0.6.13", "0.6.12"), None)
     assert plan["actions"] == [{

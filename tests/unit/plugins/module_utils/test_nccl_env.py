@@ -1,7 +1,7 @@
 """nccl_env: derived environment per topology class x profile, overrides, preflight.
 
-Expected environments are hand-written from field notes section 3 (community RTX PRO 6000
-profiles: latency P2P on with NCCL_MIN_NCHANNELS=8 and a P2P level, throughput P2P off with
+Expected environments are hand-written from the community RTX PRO 6000 NCCL profiles
+(github.com/local-inference-lab/rtx6kpro, optimization/nccl-tuning.md: latency P2P on with NCCL_MIN_NCHANNELS=8 and a P2P level, throughput P2P off with
 32/64 channels, 64 MiB buffers, CUDA_DEVICE_MAX_CONNECTIONS=64).
 """
 import os

@@ -93,7 +93,7 @@ def test_wheelhouse_plan_has_no_index_and_no_backend(tmp_path):
         plan(dict(settings, wheelhouse_dir=str(tmp_path / "gone")), ROOT, check_paths=True)
 
 
-# The wheelhouse that served vLLM 0.25.0 on an H200 (../shared/gpu-wheelhouse-vllm-0.25.0.txt),
+# The wheelhouse that served vLLM 0.25.0 on an H200 (tests/gpu/wheelhouse-vllm-0.25.0.txt),
 # a few of its files, plus uv's wheel that the role bootstraps from.
 GPU_WHEELHOUSE = [
     "vllm-0.25.0-cp38-abi3-manylinux_2_28_x86_64.whl",
