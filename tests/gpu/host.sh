@@ -210,6 +210,7 @@ vllm_service_ready_timeout_s: 900
 $extra
 vllm_benchmark_levels: $levels
 vllm_benchmark_duration_s: 8
+vllm_benchmark_stop_on_saturation: false
 vllm_benchmark_input_len: 128
 vllm_benchmark_output_len: 128
 vllm_benchmark_report_root: $ST/reports
