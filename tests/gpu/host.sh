@@ -99,8 +99,12 @@ step_boot() {
   for d in /dev/nvidia0 /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools /dev/nvidia-caps; do
     [ -e "$d" ] && binds+=("--bind=$d")
   done
+  # The container's systemd can give units no more open files than its own hard limit (the
+  # machine's init leaves 20000): raise it where this machine allows.
+  local rl=()
+  prlimit --nofile=1048576:1048576 true 2>/dev/null && rl=(--rlimit=RLIMIT_NOFILE=1048576)
   local t0=$SECONDS
-  setsid systemd-nspawn --boot --register=no --keep-unit -D "$MNT" -M "$NAME" "${binds[@]}" \
+  setsid systemd-nspawn --boot --register=no --keep-unit -D "$MNT" -M "$NAME" "${binds[@]}" "${rl[@]}" \
     --bind-ro=/usr/local/nvidia >"$ST/nspawn.log" 2>&1 </dev/null &
   echo $! >"$ST/nspawn.pid"
   for _ in $(seq 60); do
@@ -285,10 +289,14 @@ EOF
 }
 
 step_collect() {
-  ssh_host 'journalctl -u vllm-main.service --no-pager -o short-iso | tail -400' >"$ST/journal.txt" 2>&1
+  # vLLM's own account of each start: weights, KV cache, graphs, compile, limits, warnings
+  ssh_host "journalctl -u vllm-main.service --no-pager -o short-iso | grep -E 'Model loading took|Available KV cache|GPU KV cache size|Maximum concurrency|Graph capturing|torch.compile took|ulimit|Using .*backend|JIT|WARNING|ERROR|Started|Stopped|Main process exited'" \
+    >"$ST/journal-key.txt" 2>&1
+  ssh_host 'journalctl -u vllm-main.service --no-pager -o short-iso | gzip' >"$ST/journal.txt.gz" 2>/dev/null
   ssh_host 'cat /etc/systemd/system/vllm-main.service; systemctl show vllm-main.service -p Environment,MainPID,NRestarts' >"$ST/unit.txt" 2>&1
-  tar -C "$ST" -czf "$OUTD/gpu-host.tar.gz" --ignore-failed-read journal.txt unit.txt inv hub.json \
-    $(cd "$ST" && ls deploy-*.log reports 2>/dev/null) 2>/dev/null
+  tar -C "$ST" -czf "$OUTD/gpu-host.tar.gz" --ignore-failed-read journal-key.txt journal.txt.gz unit.txt \
+    inv hub.json $(cd "$ST" && ls -d deploy-*.log reports 2>/dev/null) 2>/dev/null
+  cp "$ST/journal-key.txt" "$OUTD/" 2>/dev/null
   log "collected: $(ls "$OUTD" | tr '\n' ' ')"
 }
 
