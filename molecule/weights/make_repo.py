@@ -2,7 +2,8 @@
 hf_quant_config.json (its KV-cache entry is what the scenario's override removes), a README
 (skipped by ignore_patterns) and three 2 MB dummy shards in a subfolder (stored as LFS
 objects by hubserver.py). Content is random but fixed per seed, so re-runs serve the same
-commit content.
+commit content. OUT_DIR-dummy gets the tiny model without its weights file (config and
+tokenizer only, what --load-format dummy needs).
 
     make_repo.py TINY_MODEL_DIR OUT_DIR
 """
@@ -30,6 +31,11 @@ def main(src, out):
     for i in range(1, 4):
         with open(os.path.join(out, "extra", "shard-%05d.bin" % i), "wb") as f:
             f.write(rng.randbytes(SHARD_BYTES - i))
+    # OUT_DIR-dummy: what a --load-format dummy server needs (config and tokenizer, no weights)
+    dummy = out + "-dummy"
+    if os.path.exists(dummy):
+        shutil.rmtree(dummy)
+    shutil.copytree(src, dummy, ignore=shutil.ignore_patterns("*.safetensors"))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ per GPU shown are then an upper bound).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field
 
 GIB = 1024 ** 3
@@ -232,6 +233,124 @@ def kv_bytes_per_token(arch, kv_dtype_bytes, tensor_parallel=1, pipeline_paralle
     heads_per_gpu = max(1, arch["kv_heads"] // tensor_parallel)  # replicated below 1
     return (arch["layers"] * arch["kv_heads"] * per_head,
             layers_per_stage * heads_per_gpu * per_head)
+
+
+# ----------------------------------------------------------------------------- weights from config
+
+def _quant_scheme(config):
+    """(kind, group) of the checkpoint's linear weights: ('fp8-block', (bn, bk)), ('fp8', None),
+    ('int4-group', g), ('int8-group', g) or (None, None) for unquantized ones."""
+    cfg = _text_config(config)
+    qc = cfg.get("quantization_config") or {}
+    method = qc.get("quant_method")
+    if method == "fp8":
+        block = qc.get("weight_block_size")
+        return ("fp8-block", tuple(block)) if block else ("fp8", None)
+    if method == "compressed-tensors":
+        for group in (qc.get("config_groups") or {}).values():
+            w = (group or {}).get("weights") or {}
+            bits = w.get("num_bits")
+            if w.get("type", "int") == "int" and bits in (4, 8):
+                return ("int%d-group" % bits, w.get("group_size") or 128)
+    if method is not None:
+        raise PlanError("estimating weights from config.json: quantization method %r is not "
+                        "supported (fp8, compressed-tensors int4/int8); give the weights size"
+                        % method)
+    return (None, None)
+
+
+def _linear_bytes(rows, cols, scheme, dtype_bytes):
+    """Bytes of one linear layer's weight (rows x cols) stored the way vLLM holds it."""
+    kind, group = scheme
+    n = rows * cols
+    if kind == "fp8-block":
+        bn, bk = group
+        return n + 4 * int(math.ceil(rows / float(bn))) * int(math.ceil(cols / float(bk)))
+    if kind == "fp8":
+        return n + 4 * rows
+    if kind in ("int4-group", "int8-group"):
+        bits = 4 if kind == "int4-group" else 8
+        return n * bits // 8 + dtype_bytes * rows * int(math.ceil(cols / float(group)))
+    return n * dtype_bytes
+
+
+def estimate_weights_bytes(config):
+    """Weight bytes of the whole model as vLLM holds them in GPU memory, from config.json alone
+    (for dummy weights, or before a download). Dense decoders (Llama-like), MoE with
+    grouped-query attention (MiniMax-M2, Mixtral, Qwen-MoE) and MLA + MoE (DeepSeek-V3, Kimi-K2)
+    are counted layer by layer; FP8 (per-tensor or 128x128 blocks with fp32 scales) and
+    compressed-tensors INT4/INT8 group quantization apply to the routed experts and, where the
+    checkpoint does not exclude them, the attention and dense projections. Embeddings, norms,
+    routers and the LM head stay in the model dtype."""
+    cfg = _text_config(config)
+    arch = architecture(config)
+    dt = model_dtype_bytes(config)
+    scheme = _quant_scheme(config)
+    qc = cfg.get("quantization_config") or {}
+    ignore = [str(x) for x in (qc.get("ignore") or qc.get("modules_to_not_convert") or [])]
+
+    def excluded(name):
+        for pat in ignore:
+            if pat.startswith("re:"):
+                if re.match(pat[3:], name):
+                    return True
+            elif name == pat or name.endswith("." + pat) or ("." + pat + ".") in name:
+                return True
+        return False
+
+    def lin(name, rows, cols):
+        return _linear_bytes(rows, cols, (None, None) if excluded(name) else scheme, dt)
+
+    h = _int_field(cfg, "hidden_size", required=True)
+    vocab = _int_field(cfg, "vocab_size", required=True)
+    inter = _int_field(cfg, "intermediate_size", default=0) or 0
+    heads, kv_heads, hd = arch["heads"], arch["kv_heads"], arch["head_dim"]
+    experts = arch["experts"]
+    moe_inter = arch["moe_intermediate_size"] or 0
+    shared = _int_field(cfg, "n_shared_experts", default=0) or 0
+    shared_inter = _int_field(cfg, "shared_intermediate_size", default=0) or 0
+    first_dense = _int_field(cfg, "first_k_dense_replace", default=0) or 0
+    total = vocab * h * dt + h * dt  # embeddings, final norm
+    if not cfg.get("tie_word_embeddings"):
+        total += lin("lm_head", vocab, h)
+    for i in range(arch["layers"]):
+        p = "model.layers.%d." % i
+        total += 2 * h * dt  # input and post-attention norms
+        if arch["mla"]:
+            ql = _int_field(cfg, "q_lora_rank", default=0) or 0
+            nope = _int_field(cfg, "qk_nope_head_dim", default=hd) or hd
+            rope = arch["qk_rope_head_dim"]
+            vh = _int_field(cfg, "v_head_dim", default=hd) or hd
+            kvl = arch["kv_lora_rank"]
+            a = p + "self_attn."
+            if ql:
+                total += lin(a + "q_a_proj", ql, h) + ql * dt
+                total += lin(a + "q_b_proj", heads * (nope + rope), ql)
+            else:
+                total += lin(a + "q_proj", heads * (nope + rope), h)
+            total += lin(a + "kv_a_proj_with_mqa", kvl + rope, h) + kvl * dt
+            total += lin(a + "kv_b_proj", heads * (nope + vh), kvl)
+            # vLLM's MLA keeps W_UK and W_UV, split from kv_b_proj, beside it in the model dtype
+            total += heads * (nope + vh) * kvl * dt
+            total += lin(a + "o_proj", h, heads * vh)
+        else:
+            a = p + "self_attn."
+            total += lin(a + "q_proj", heads * hd, h) + 2 * lin(a + "k_proj", kv_heads * hd, h)
+            total += lin(a + "o_proj", h, heads * hd)
+            if cfg.get("use_qk_norm") or cfg.get("qk_norm_type"):
+                total += (heads + kv_heads) * hd * dt
+        m = p + "mlp."
+        if experts and i >= first_dense:
+            total += h * experts * dt + experts * 4  # router and its score-correction bias
+            e = m + "experts.0."
+            total += experts * (2 * lin(e + "gate_proj", moe_inter, h) + lin(e + "down_proj", h, moe_inter))
+            s_inter = shared * moe_inter or shared_inter
+            if s_inter:
+                sp = m + "shared_experts."
+                total += 2 * lin(sp + "gate_proj", s_inter, h) + lin(sp + "down_proj", h, s_inter)
+        elif inter:
+            total += 2 * lin(m + "gate_proj", inter, h) + lin(m + "down_proj", h, inter)
+    return int(total)
 
 
 # ----------------------------------------------------------------------------- rules

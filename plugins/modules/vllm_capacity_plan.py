@@ -43,6 +43,12 @@ options:
   weights_bytes:
     description: Total size of the weights in bytes.
     type: int
+  weights_from_config:
+    description:
+      - Estimate the weights from config.json alone (layer by layer, with the checkpoint's
+        quantization) instead of reading files. For C(--load-format dummy), which loads none,
+        or before a download. I(weights_dir) is then not read.
+    type: bool
   gpu_memory_bytes:
     description: Memory of one GPU in bytes. Mutually exclusive with I(gpu_memory_mib).
     type: int
@@ -155,7 +161,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.capacity_plan import (
-    GIB, PlanError, plan)
+    GIB, PlanError, estimate_weights_bytes, plan)
 
 
 def _read_json(module, path, what):
@@ -191,6 +197,7 @@ def main():
             hf_quant_config=dict(type="dict"),
             weights_dir=dict(type="path"),
             weights_bytes=dict(type="int"),
+            weights_from_config=dict(type="bool"),
             gpu_memory_bytes=dict(type="int"),
             gpu_memory_mib=dict(type="int"),
             gpu_count=dict(type="int", required=True),
@@ -208,7 +215,8 @@ def main():
         mutually_exclusive=[("config_path", "config"), ("weights_dir", "weights_bytes"),
                             ("gpu_memory_bytes", "gpu_memory_mib"),
                             ("hf_quant_config_path", "hf_quant_config")],
-        required_one_of=[("config_path", "config"), ("weights_dir", "weights_bytes"),
+        required_one_of=[("config_path", "config"),
+                         ("weights_dir", "weights_bytes", "weights_from_config"),
                          ("gpu_memory_bytes", "gpu_memory_mib")],
         supports_check_mode=True,
     )
@@ -224,7 +232,13 @@ def main():
     if p["hf_quant_config_path"]:
         quant = _read_json(module, p["hf_quant_config_path"], "hf_quant_config")
 
-    if p["weights_dir"]:
+    if p["weights_from_config"]:
+        try:
+            total = estimate_weights_bytes(config)
+        except PlanError as e:
+            module.fail_json(msg="capacity plan: %s" % e)
+        how = "estimated from config.json (no weight files are read)"
+    elif p["weights_dir"]:
         total, how = weights_size(module, p["weights_dir"])
     else:
         total, how = p["weights_bytes"], "weights_bytes"

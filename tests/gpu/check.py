@@ -4,6 +4,8 @@
     check.py join-wheels WHEELHOUSE                 join cut wheels, check every sha256
     check.py facts-compare FACTS_JSON CAPTURE_DIR   gpu_facts (ansible json callback) vs nvidia-smi
     check.py make-model DIR [--hidden 2048 ...]     dummy-weight Llama config + a real tokenizer
+    check.py make-arch FIXTURE DIR [--layers N]     a target architecture's config (fewer layers)
+                                                    + a real tokenizer with its parser tokens
     check.py capacity MODEL_DIR SERVER_LOG --gpu-memory-mib N [...]
                                                     planner prediction vs vLLM's log lines
 
@@ -183,6 +185,56 @@ def make_model(args):
     return 0
 
 
+# A chat template for the fixtures' tokenizers: enough for /v1/chat/completions (and the
+# profile's reasoning parser) to run; the published models' templates are not needed for that.
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+def make_arch(args):
+    """A model directory for a target architecture: the fixture's config.json values (public
+    numbers of the real model) with fewer layers, and a small real tokenizer that holds the
+    profile's parser tokens. Served with --load-format dummy (no weight files)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "harness"))
+    sys.path.insert(0, os.path.join(ROOT, "plugins", "module_utils"))
+    import random
+
+    import capacity_plan as cp
+    import make_tiny_model as mtm
+    with open(args.fixture) as f:
+        cfg = json.load(f)
+    meta = cfg.pop("_fixture")
+    layers = args.layers or meta["num_hidden_layers"]
+    cfg["num_hidden_layers"] = layers
+    for key in meta.get("per_layer_lists", []):
+        cfg[key] = cfg[key][:layers]
+    os.makedirs(args.dir, exist_ok=True)
+    tok = mtm.train_tokenizer(args.tokenizer_vocab, random.Random(0), meta.get("special_tokens", []))
+    tok.save(os.path.join(args.dir, "tokenizer.json"))
+    with open(os.path.join(args.dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
+                   "eos_token": "</s>", "unk_token": "<unk>",
+                   "additional_special_tokens": meta.get("special_tokens", []),
+                   "model_max_length": cfg.get("max_position_embeddings", 4096),
+                   "clean_up_tokenization_spaces": False, "chat_template": CHAT_TEMPLATE},
+                  f, indent=2)
+    cfg["bos_token_id"], cfg["eos_token_id"] = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    with open(os.path.join(args.dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+    with open(os.path.join(args.dir, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
+                   "do_sample": False}, f, indent=2)
+    full = dict(cfg, num_hidden_layers=meta["full_num_hidden_layers"])
+    for key in meta.get("per_layer_lists", []):
+        full[key] = [cfg[key][0]] * meta["full_num_hidden_layers"]
+    print("%s: %s, %d of %d layers: %.2f GiB of weights (planner, from config.json; the full "
+          "model %.1f GB); tokenizer vocab %d with %s"
+          % (args.dir, cfg["architectures"][0], layers, meta["full_num_hidden_layers"],
+             cp.estimate_weights_bytes(cfg) / GIB, cp.estimate_weights_bytes(full) / 1e9,
+             tok.get_vocab_size(), ", ".join(meta.get("special_tokens", []))))
+    return 0
+
+
 # ---------------------------------------------------------------------------------- capacity
 LOG_PATTERNS = {
     "model_loading_gib": r"Model loading took ([0-9.]+) ?GiB",
@@ -215,7 +267,7 @@ def capacity(args):
     import capacity_plan as cp
     with open(os.path.join(args.model_dir, "config.json")) as f:
         cfg = json.load(f)
-    weights = 2 * llama_params(cfg)
+    weights = cp.estimate_weights_bytes(cfg)  # dummy weights: nothing on disk to measure
     with open(args.server_log, errors="replace") as f:
         log = parse_log(f.read())
     mem = args.gpu_memory_mib * 1024 * 1024
@@ -275,6 +327,12 @@ def main(argv=None):
     p.add_argument("--tokenizer-vocab", type=int, default=2048)
     p.add_argument("--max-pos", type=int, default=4096)
     p.set_defaults(func=make_model)
+    p = sub.add_parser("make-arch")
+    p.add_argument("fixture", help="tests/gpu/models/<name>.json")
+    p.add_argument("dir")
+    p.add_argument("--layers", type=int, default=0, help="0 = the fixture's reduced depth")
+    p.add_argument("--tokenizer-vocab", type=int, default=2048)
+    p.set_defaults(func=make_arch)
     p = sub.add_parser("capacity")
     p.add_argument("model_dir")
     p.add_argument("server_log")

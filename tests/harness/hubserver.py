@@ -15,9 +15,11 @@ Hub API, offline. This script:
 
 Usage:
   hubserver.py start --model-dir D --repo org/name --port P --state-dir S [--tag v1]
+                     [--extra-repo D2=org/name2 ...]
   hubserver.py stop --state-dir S
 
-``start`` prints one JSON line: {"endpoint", "repo", "sha", "branch", "pid", "log"}.
+``start`` prints one JSON line: {"endpoint", "repo", "sha", "branch", "pid", "log",
+"extra_repos": {repo: sha}}.
 
 Known limits of olah offline (documented for the tests): no gated or private repositories
 (every local mirror is public: it never answers 401/403 for a missing token), and
@@ -161,6 +163,15 @@ def cmd_start(args):
     repo_dir = os.path.join(state, "mirrors", "models", org, name)
     sha = build_repo(os.path.abspath(args.model_dir), repo_dir, args.lfs_min_size,
                      args.branch, args.tag)
+    extra = {}
+    for spec in args.extra_repo:
+        model_dir, _sep, repo = spec.rpartition("=")
+        e_org, _sep, e_name = repo.partition("/")
+        if not model_dir or not e_org or not e_name or "/" in e_name:
+            sys.exit("hubserver: --extra-repo must be MODEL_DIR=org/name, got %r" % spec)
+        extra[repo] = build_repo(os.path.abspath(model_dir),
+                                 os.path.join(state, "mirrors", "models", e_org, e_name),
+                                 args.lfs_min_size, args.branch)
     public = args.public_netloc or "%s:%d" % (args.host, args.port)
     config = write_config(state, args.host, args.port, public)
     log_path = os.path.join(state, "olah.log")
@@ -178,7 +189,8 @@ def cmd_start(args):
         _stop(state)
         sys.exit("hubserver: %s; see %s" % (err, log_path))
     print(json.dumps({"endpoint": "http://%s" % public, "repo": args.repo, "sha": sha,
-                      "branch": args.branch, "pid": proc.pid, "log": log_path}))
+                      "branch": args.branch, "pid": proc.pid, "log": log_path,
+                      "extra_repos": extra}))
 
 
 def _stop(state):
@@ -221,6 +233,8 @@ def main(argv=None):
                    help="host:port clients use (default HOST:PORT)")
     s.add_argument("--branch", default="main")
     s.add_argument("--tag", default=None, help="also tag the commit")
+    s.add_argument("--extra-repo", action="append", default=[], metavar="MODEL_DIR=org/name",
+                   help="serve another model directory as another repository (repeatable)")
     s.add_argument("--lfs-min-size", type=int, default=1 << 20,
                    help="files this large or larger are stored as LFS objects")
     s.add_argument("--olah-cli", default=None)

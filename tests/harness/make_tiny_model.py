@@ -45,7 +45,9 @@ def build_corpus(rng: random.Random, lines: int = 4000):
         yield sentence
 
 
-def train_tokenizer(vocab_size: int, rng: random.Random):
+def train_tokenizer(vocab_size: int, rng: random.Random, extra_special=()):
+    """A byte-level BPE tokenizer; extra_special adds special tokens (e.g. a reasoning or
+    tool parser's markers) after <unk>, <s>, </s>."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -53,7 +55,7 @@ def train_tokenizer(vocab_size: int, rng: random.Random):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=SPECIAL_TOKENS + [t for t in extra_special if t not in SPECIAL_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )

@@ -15,6 +15,7 @@ import yaml
 
 from ansible_collections.vllm_ops.deploy.plugins.filter import systemd as systemd_filters
 from ansible_collections.vllm_ops.deploy.plugins.filter import vllm_instances as instance_filters
+from ansible_collections.vllm_ops.deploy.plugins.module_utils import unit_path
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.vllm_profiles import (
     known_profiles, load_profile)
 
@@ -70,9 +71,14 @@ def render_pair(tmp_path, profile, **extra_vars):
     stub.parent.mkdir(parents=True, exist_ok=True)
     stub.write_text("#!/bin/sh\nexit 0\n")
     stub.chmod(0o755)
+    ninja = stub.parent / "ninja"  # a tool that exists only in the venv
+    ninja.write_text("#!/bin/sh\nexit 0\n")
+    ninja.chmod(0o755)
     inst = resolve(profile, str(stub))
     variables = role_defaults()
-    variables.update(_vllm_service_inst=inst, vllm_service_api_key="canary-api-key-0123",
+    paths = {inst["name"]: unit_path.build(str(stub), ["ninja"])["path"]}
+    variables.update(_vllm_service_inst=inst, _vllm_service_paths=paths,
+                     vllm_service_api_key="canary-api-key-0123",
                      vllm_service_hf_token="hf_canaryTOKENcanaryTOKEN0123")
     variables.update(extra_vars)
     unit = render("vllm.service.j2", **variables)
@@ -125,7 +131,12 @@ def test_unit_hardening(tmp_path, profile):
     d = directives(unit)
     assert d["Type"] == ["exec"]
     assert d["User"] == ["vllm"] and d["Group"] == ["vllm"]
-    assert d["Environment"] == ["HOME=/var/lib/vllm"]
+    # HOME, then a PATH that starts with the venv's bin/ (vLLM runs ninja/nvcc by name)
+    assert d["Environment"][0] == "HOME=/var/lib/vllm"
+    assert len(d["Environment"]) == 2 and d["Environment"][1].startswith('"PATH=')
+    path = d["Environment"][1].strip('"')[len("PATH="):].split(":")
+    assert path[0] == os.path.dirname(inst["argv"][0])
+    assert path[-6:] == list(unit_path.SYSTEM_PATH)
     assert d["EnvironmentFile"] == ["/etc/vllm-deploy/main.env"]
     assert d["KillMode"] == ["control-group"]
     assert int(d["TimeoutStartSec"][0]) >= 1800
@@ -183,7 +194,8 @@ def test_two_instances_render_two_valid_units(tmp_path):
     for inst in out["instances"]:
         variables = role_defaults()
         variables.update(_vllm_service_inst=inst, vllm_service_api_key="",
-                         vllm_service_hf_token="")
+                         vllm_service_hf_token="",
+                         _vllm_service_paths={inst["name"]: "%s:/usr/bin:/bin" % tmp_path})
         path = tmp_path / inst["unit"]
         path.write_text(render("vllm.service.j2", **variables))
         done = verify(path)

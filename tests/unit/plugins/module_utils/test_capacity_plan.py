@@ -365,3 +365,66 @@ def test_module_rejects_missing_weights(tmp_path, monkeypatch, capsys):
     out = run_module({"config": LLAMA, "weights_dir": str(d), "gpu_memory_mib": 81920,
                       "gpu_count": 1}, monkeypatch, capsys)
     assert out["failed"] is True and "pass weights_bytes" in out["msg"]
+
+
+# ----------------------------------------------------------------------------- weights from config
+# The fixtures of the GPU check (public config.json values of the real checkpoints) against the
+# checkpoints' published sizes: MiniMax-M2.5 FP8 ~230 GB, Kimi-K2.5 INT4 ~595 GB.
+import os  # noqa: E402
+
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.capacity_plan import (  # noqa: E402
+    estimate_weights_bytes)
+
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))), "gpu", "models")
+
+
+def _fixture(name, full=True):
+    with open(os.path.join(FIXTURES, name + ".json")) as f:
+        cfg = json.load(f)
+    meta = cfg.pop("_fixture")
+    if not full:
+        cfg["num_hidden_layers"] = meta["num_hidden_layers"]
+    return cfg
+
+
+@pytest.mark.parametrize("name, published_gb", [("minimax-m2.5", 230), ("kimi-k2.5-text", 595)])
+def test_weights_estimated_from_config_match_the_published_checkpoint_sizes(name, published_gb):
+    est = estimate_weights_bytes(_fixture(name)) / GB
+    assert abs(est - published_gb) / published_gb < 0.03, est
+
+
+def test_weights_estimate_scales_with_depth_and_quantization():
+    full, cut = _fixture("minimax-m2.5"), _fixture("minimax-m2.5", full=False)
+    per_layer = (estimate_weights_bytes(full) - estimate_weights_bytes(cut)) / (62 - 4)
+    # 256 experts x 3 x 3072 x 1536 FP8 bytes dominate a MiniMax-M2 layer (~3.6 GB)
+    assert 3.5e9 < per_layer < 3.8e9
+    bf16 = dict(full)
+    bf16.pop("quantization_config")
+    assert estimate_weights_bytes(bf16) > 1.9 * estimate_weights_bytes(full)
+
+
+def test_a_dense_llama_estimate_counts_every_matrix():
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1000,
+           "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "torch_dtype": "float32"}
+    h, v, i, kv = 64, 1000, 128, 2 * 16
+    per_layer = h * h + 2 * kv * h + h * h + 3 * h * i + 2 * h
+    assert estimate_weights_bytes(cfg) == 4 * (2 * v * h + h + 2 * per_layer)
+
+
+def test_an_unknown_quantization_is_refused_not_guessed():
+    cfg = dict(_fixture("minimax-m2.5"), quantization_config={"quant_method": "awq"})
+    with pytest.raises(PlanError, match="quantization method 'awq' is not supported"):
+        estimate_weights_bytes(cfg)
+
+
+def test_module_estimates_dummy_weights_from_config(monkeypatch, capsys):
+    """--load-format dummy: no weight files; the module plans from config.json alone."""
+    cfg = _fixture("minimax-m2.5", full=False)
+    out = run_module({"config": cfg, "weights_from_config": True, "gpu_memory_mib": 143771,
+                      "gpu_count": 1, "max_model_len": 8192}, monkeypatch, capsys)
+    assert not out.get("failed"), out
+    assert out["weights_bytes"]["source"].startswith("estimated from config.json")
+    assert out["weights_bytes"]["bytes"] == estimate_weights_bytes(cfg)
+    assert out["plan"]["weights_per_gpu_bytes"] == estimate_weights_bytes(cfg)

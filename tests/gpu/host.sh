@@ -1,0 +1,320 @@
+#!/usr/bin/env bash
+# The GPU test host: systemd as PID 1 and sshd on 127.0.0.1:2222, booted with systemd-nspawn
+# over the lent GPU machine's own root (so the image's Python, torch, CUDA toolkit and the
+# driver are there), and the real `ansible-playbook vllm_ops.deploy.deploy` run against it over
+# SSH from the machine, like any GPU server. Run ON the GPU machine, from the repository root.
+#
+#   tests/gpu/host.sh extras DIR        copy build/gpu-extras (debs, hub wheels) into the state dir
+#   tests/gpu/host.sh stage DIR         copy one wheel part (build/gpu-wheels/partN) into the wheelhouse
+#   tests/gpu/host.sh boot              unpack systemd/sshd/dbus, boot the host, wait for SSH
+#   tests/gpu/host.sh prepare           join the wheels (sha256 checked), ansible-core for the
+#                                       controller, the Hub-compatible server (olah) with the
+#                                       dummy Llama and the target architectures' repositories
+#   tests/gpu/host.sh deploy TAG [MODEL] [ansible-playbook args...]
+#                                       write the inventory for MODEL (llama | minimax | kimi),
+#                                       run deploy.yml, keep the log and the recap in $OUT
+#   tests/gpu/host.sh kill9             kill -9 the unit's main PID: restart, readiness, no orphan
+#                                       on the GPU (nvidia-smi), no leaked GPU memory
+#   tests/gpu/host.sh collect           logs, journal, write-back, unit files into $OUT
+#   tests/gpu/host.sh stop              stop the host
+#
+# State lives in /var/tmp/vd-gpu (not /tmp: the host gets a /tmp of its own); it survives between
+# back-to-back calls on a warm machine. Results go to $OUT. Knobs: GPU_HOST_PYTHON (the image's
+# interpreter, /opt/torch/.venv/bin/python3), GPU_HOST_DEPLOY_TIMEOUT (560 s).
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+ROOT=$PWD
+ST=/var/tmp/vd-gpu
+WH=$ST/wh
+EXTRAS=$ST/extras
+ANS=$ST/ans
+HUBSITE=$ST/hub-site
+HUBSTATE=$ST/hub
+MODELS=$ST/models
+KEY=$ST/ssh/id_ed25519
+INV=$ST/inv
+SSH_PORT=2222
+HUB_PORT=8101
+VLLM_PORT=8000
+NAME=gpuhost
+MNT=/mnt/vd-gpu-root
+OUTD=${OUT:-$ST/out}
+PY=${GPU_HOST_PYTHON:-/opt/torch/.venv/bin/python3}
+ANSIBLE_WHEELS="ansible_core- resolvelib- cryptography- cffi- pycparser-"
+export LC_ALL=C.UTF-8 PYTHONUNBUFFERED=1
+# NVLink multicast stays off on these machines (harmless with one GPU), also in the units.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+mkdir -p "$ST" "$OUTD"
+
+log() { echo "[$(date +%H:%M:%S)] $*"; }
+ssh_host() { ssh -i "$KEY" -p "$SSH_PORT" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
+  -o ConnectTimeout=5 -o LogLevel=ERROR root@127.0.0.1 "$@"; }
+
+step_extras() { mkdir -p "$EXTRAS" && cp -r "$1"/. "$EXTRAS"/ && log "extras: $(find "$EXTRAS"/debs -mindepth 1 -maxdepth 1 | wc -l) debs, $(find "$EXTRAS"/hub -mindepth 1 -maxdepth 1 | wc -l) hub wheels"; }
+step_stage() { mkdir -p "$WH" && cp "$1"/* "$WH"/ && log "$(basename "$1") staged: $(find "$WH" -mindepth 1 -maxdepth 1 | wc -l) files, $(du -sh "$WH" | cut -f1)"; }
+
+have_lib() { ldconfig -p | grep -q "$1 "; }
+
+step_boot() {
+  local pid
+  for pid in $(pgrep -f "systemd-nspawn --boot --register=no --keep-unit -D $MNT" 2>/dev/null); do
+    log "stopping the host left by an earlier call (pid $pid)"; kill "$pid"
+  done
+  sleep 2; umount "$MNT" 2>/dev/null
+  # Unpack each .deb into / (Ubuntu's /bin, /lib, /sbin are links into /usr: keep them), except
+  # a library the image already has (never downgrade Ubuntu's libraries).
+  local f base lib
+  for f in "$EXTRAS"/debs/*.deb; do
+    base=$(basename "$f")
+    lib=""
+    case $base in
+      libbsd0_*) lib=libbsd.so.0 ;; libmd0_*) lib=libmd.so.0 ;; libedit2_*) lib=libedit.so.2 ;;
+      libfido2-1_*) lib=libfido2.so.1 ;; libcbor0.8_*) lib=libcbor.so.0.8 ;; libexpat1_*) lib=libexpat.so.1 ;;
+      libnsl2_*) lib=libnsl.so.2 ;; libbpf1_*) lib=libbpf.so.1 ;; libelf1_*) lib=libelf.so.1 ;;
+      libmnl0_*) lib=libmnl.so.0 ;; libxtables12_*) lib=libxtables.so.12 ;; libdb5.3_*) lib=libdb-5.3.so ;;
+      libtirpc3_*|libtirpc-common_*) lib=libtirpc.so.3 ;;
+    esac
+    [ -n "$lib" ] && have_lib "$lib" && continue
+    dpkg-deb --fsys-tarfile "$f" | tar -C / --keep-directory-symlink -xf - || { echo "cannot unpack $base"; return 1; }
+  done
+  ldconfig
+  getent passwd sshd >/dev/null || useradd -r -d /run/sshd -s /usr/sbin/nologin sshd
+  getent passwd messagebus >/dev/null || useradd -r -d /nonexistent -s /usr/sbin/nologin messagebus
+  getent group systemd-journal >/dev/null || groupadd -r systemd-journal
+  ssh-keygen -A >/dev/null
+  [ -f /etc/ssh/sshd_config ] || cp /usr/share/openssh/sshd_config /etc/ssh/sshd_config
+  mkdir -p /etc/ssh/sshd_config.d /root/.ssh /run/sshd "$(dirname "$KEY")"
+  printf 'Port %s\nListenAddress 127.0.0.1\nPermitRootLogin prohibit-password\nUsePAM no\n' "$SSH_PORT" \
+    >/etc/ssh/sshd_config.d/vd-gpu-test.conf
+  grep -q 'Include /etc/ssh/sshd_config.d' /etc/ssh/sshd_config || sed -i '1i Include /etc/ssh/sshd_config.d/*.conf' /etc/ssh/sshd_config
+  [ -f "$KEY" ] || ssh-keygen -q -t ed25519 -N '' -f "$KEY"
+  grep -qF "$(cat "$KEY.pub")" /root/.ssh/authorized_keys 2>/dev/null || cat "$KEY.pub" >>/root/.ssh/authorized_keys
+  chmod 600 /root/.ssh/authorized_keys
+  mkdir -p /etc/systemd/system/multi-user.target.wants
+  ln -sf /lib/systemd/system/ssh.service /etc/systemd/system/multi-user.target.wants/ssh.service
+  systemd-machine-id-setup >/dev/null 2>&1
+  # A plain bind (not --rbind: nspawn refuses a pre-populated /dev) of the machine's root.
+  mkdir -p "$MNT" && mount --bind / "$MNT" || return 1
+  local binds=() d
+  for d in /dev/nvidia0 /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools /dev/nvidia-caps; do
+    [ -e "$d" ] && binds+=("--bind=$d")
+  done
+  # The container's systemd can give units no more open files than its own hard limit (the
+  # machine's init leaves 20000): raise it where this machine allows.
+  local rl=()
+  prlimit --nofile=1048576:1048576 true 2>/dev/null && rl=(--rlimit=RLIMIT_NOFILE=1048576)
+  local t0=$SECONDS
+  setsid systemd-nspawn --boot --register=no --keep-unit -D "$MNT" -M "$NAME" "${binds[@]}" "${rl[@]}" \
+    --bind-ro=/usr/local/nvidia >"$ST/nspawn.log" 2>&1 </dev/null &
+  echo $! >"$ST/nspawn.pid"
+  for _ in $(seq 60); do
+    ssh_host true 2>/dev/null && break
+    sleep 1
+  done
+  if ! ssh_host true; then tail -30 "$ST/nspawn.log"; return 1; fi
+  log "host up after $((SECONDS - t0)) s: $(ssh_host "cat /proc/1/comm; systemctl is-system-running; PATH=\$PATH:/usr/local/nvidia/bin nvidia-smi -L" | tr '\n' ' ')"
+}
+
+install_ansible() {
+  [ -x "$ANS/bin/ansible-playbook" ] && return 0
+  local w=() p
+  for p in $ANSIBLE_WHEELS; do w+=("$ST/ans-wh/$p"*.whl); done
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$ANS" "${w[@]}"
+}
+
+ansible_env() {
+  export PATH=$ANS/bin:$PATH PYTHONPATH=$ANS ANSIBLE_CONFIG=$ROOT/ansible.cfg \
+    ANSIBLE_HOME=$ST/ansible-home ANSIBLE_LOCAL_TEMP=$ST/ansible-tmp ANSIBLE_NOCOLOR=1
+}
+
+step_prepare() {
+  "$PY" tests/gpu/check.py join-wheels "$WH" || return 1
+  mkdir -p "$ST/ans-wh"
+  local p
+  for p in $ANSIBLE_WHEELS; do mv "$WH/$p"*.whl "$ST/ans-wh/" 2>/dev/null; done
+  rm -f "$WH/manifest.json"
+  install_ansible || { echo "ansible-core install failed"; return 1; }
+  log "wheelhouse: $(find "$WH" -maxdepth 1 -name '*.whl' | wc -l) wheels; ansible-core $("$PY" -c 'import sys; sys.path.insert(0, "'"$ANS"'"); import ansible; print(ansible.__version__)')"
+  # The Hub-compatible server (olah) and the model repositories it serves: config and tokenizer
+  # only, the server runs with --load-format dummy.
+  [ -d "$HUBSITE/olah" ] || "$PY" -m pip install -q --no-index --no-compile --find-links "$EXTRAS/hub" \
+    --target "$HUBSITE" olah==0.5.4 || return 1
+  "$PY" tests/gpu/check.py make-model "$MODELS/llama-0.9b-dummy" || return 1
+  "$PY" tests/gpu/check.py make-arch tests/gpu/models/minimax-m2.5.json "$MODELS/minimax-m2.5-reduced" || return 1
+  "$PY" tests/gpu/check.py make-arch tests/gpu/models/kimi-k2.5-text.json "$MODELS/kimi-k2.5-text-reduced" || return 1
+  PYTHONPATH=$HUBSITE "$PY" tests/harness/hubserver.py stop --state-dir "$HUBSTATE" >/dev/null 2>&1
+  rm -rf "$HUBSTATE"
+  PYTHONPATH=$HUBSITE "$PY" tests/harness/hubserver.py start --state-dir "$HUBSTATE" --port "$HUB_PORT" \
+    --olah-cli "$HUBSITE/bin/olah-cli" --model-dir "$MODELS/llama-0.9b-dummy" --repo gpu-check/llama-0.9b-dummy \
+    --extra-repo "$MODELS/minimax-m2.5-reduced=gpu-check/minimax-m2.5-reduced" \
+    --extra-repo "$MODELS/kimi-k2.5-text-reduced=gpu-check/kimi-k2.5-text-reduced" | tee "$ST/hub.json" || return 1
+}
+
+write_inventory() { # write_inventory MODEL
+  local model=$1 torchsite sha repo profile served extra levels
+  torchsite=$("$PY" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
+  case $model in
+    llama) repo=gpu-check/llama-0.9b-dummy; profile=""; served=llama-0.9b-dummy
+           levels="[1, 2, 4, 8, 16, 32, 64, 128]"
+           extra='vllm_service_args: [--load-format, dummy, --max-model-len, "4096"]' ;;
+    minimax) repo=gpu-check/minimax-m2.5-reduced; profile=minimax-m2.5-tp4; served=minimax-m2.5-reduced
+           levels="[1, 8, 32]"
+           extra='vllm_service_profile_overrides: {parallel: {tensor: 1}, max_model_len: 8192}
+vllm_service_extra_args: [--load-format, dummy]' ;;
+    kimi) repo=gpu-check/kimi-k2.5-text-reduced; profile=kimi-k2.5-int4-tp8; served=kimi-k2.5-text-reduced
+           levels="[1, 8, 32]"
+           extra='vllm_service_profile_overrides: {parallel: {tensor: 1}, max_model_len: 8192}
+vllm_service_extra_args: [--load-format, dummy]' ;;
+    *) echo "unknown model $model"; return 2 ;;
+  esac
+  sha=$("$PY" -c "import json, sys; d = json.load(open('$ST/hub.json')); print(d['sha'] if d['repo'] == '$repo' else d['extra_repos']['$repo'])")
+  mkdir -p "$INV/group_vars"
+  cat >"$INV/hosts.yml" <<EOF
+all:
+  children:
+    vllm_hosts:
+      hosts:
+        $NAME:
+          ansible_host: 127.0.0.1
+          ansible_port: $SSH_PORT
+          ansible_user: root
+          ansible_ssh_private_key_file: $KEY
+          ansible_python_interpreter: /usr/bin/python3
+          ansible_ssh_common_args: "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"
+EOF
+  cat >"$INV/group_vars/vllm_hosts.yml" <<EOF
+# Written by tests/gpu/host.sh for model $model. Air-gapped: nothing is reachable from here.
+# Every base package is on the image already (rsync and iproute2 are not, and are not needed).
+host_prep_packages: [python3, python3-venv, ca-certificates, curl]
+# The image's CUDA 13.0 toolkit (nvcc) at /usr/local/cuda; vLLM uses torch's bundled NCCL.
+gpu_host_cuda_method: existing
+gpu_host_cuda_existing_home: /usr/local/cuda
+vllm_install_wheelhouse: $WH
+vllm_install_wheelhouse_version: "0.25.0"
+vllm_install_wheelhouse_no_deps: true
+vllm_install_site_dirs: ["$torchsite"]
+vllm_install_os_packages: []
+vllm_install_python: $PY
+vllm_install_flashinfer_extra_args: [--no-index, --find-links, $WH]
+vllm_install_flashinfer_cubin_index_url: ""
+vllm_install_flashinfer_jit_cache_index_url: ""
+model_weights_source: hf
+model_weights_endpoint: http://127.0.0.1:$HUB_PORT
+model_weights_repo_id: $repo
+model_weights_revision: "$sha"
+model_weights_name: ${repo#*/}
+model_weights_python: $PY
+model_weights_downloader_pip_args: [--no-index, --find-links, $EXTRAS/hub]
+vllm_service_profile: "$profile"
+vllm_service_served_model_name: $served
+vllm_service_host: 127.0.0.1
+vllm_service_port: $VLLM_PORT
+vllm_service_env: {NCCL_NVLS_ENABLE: "0", TORCH_SYMM_MEM_DISABLE_MULTICAST: "1", NVSHMEM_DISABLE_NVLS: "1"}
+vllm_service_ready_timeout_s: 900
+$extra
+vllm_benchmark_levels: $levels
+vllm_benchmark_duration_s: 8
+vllm_benchmark_stop_on_saturation: false
+vllm_benchmark_input_len: 128
+vllm_benchmark_output_len: 128
+vllm_benchmark_report_root: $ST/reports
+EOF
+}
+
+step_deploy() { # step_deploy TAG [MODEL] [ansible-playbook args...]
+  local tag=$1 model=${2:-llama} t0 rc
+  shift 2 2>/dev/null || shift $#
+  write_inventory "$model" || return 1
+  ( ansible_env
+    t0=$SECONDS
+    timeout "${GPU_HOST_DEPLOY_TIMEOUT:-560}" ansible-playbook -i "$INV/hosts.yml" vllm_ops.deploy.deploy "$@" \
+      >"$ST/deploy-$tag.log" 2>&1
+    rc=$?
+    echo "deploy $tag ($model) rc=$rc in $((SECONDS - t0)) s" | tee -a "$ST/deploy-$tag.log" "$OUTD/summary.txt" )
+  grep -A3 'PLAY RECAP' "$ST/deploy-$tag.log" | tee -a "$OUTD/summary.txt"
+  grep -E '^(fatal|failed):|FAILED!' -A12 "$ST/deploy-$tag.log" | head -60
+  grep -E 'capacity plan|weights [0-9.]+ GiB per GPU|nvcc [0-9]|NCCL env|tools? .*found|dummy weights' "$ST/deploy-$tag.log" | head -8
+  cp "$ST/deploy-$tag.log" "$OUTD/" 2>/dev/null
+  tail -1 "$OUTD/summary.txt" | grep -q 'rc=0'
+}
+
+step_kill9() {
+  "$PY" - "$KEY" "$SSH_PORT" "$VLLM_PORT" <<'EOF' | tee -a "$OUTD/summary.txt"
+import json, subprocess, sys, time, urllib.request
+key, port, vport = sys.argv[1:4]
+def sh(cmd):
+    return subprocess.run(["ssh", "-i", key, "-p", port, "-o", "StrictHostKeyChecking=no",
+                           "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+                           "root@127.0.0.1", cmd], capture_output=True, text=True).stdout.strip()
+def show():
+    out = dict(l.split("=", 1) for l in sh("systemctl show -p MainPID,NRestarts,ActiveState,ControlGroup vllm-main.service").splitlines())
+    pids = sh("cat /sys/fs/cgroup%s/cgroup.procs 2>/dev/null | sort -n" % out["ControlGroup"]).split()
+    return out, pids
+def gpu():
+    q = sh("/usr/local/nvidia/bin/nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits")
+    apps = [tuple(int(x) for x in l.split(",")) for l in q.splitlines() if l.strip()]
+    used = int(sh("/usr/local/nvidia/bin/nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0"))
+    return apps, used
+def healthy():
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%s/health" % vport, timeout=3) as r:
+            return r.status == 200
+    except OSError:
+        return False
+before, old_pids = show()
+apps0, used0 = gpu()
+print("before: MainPID %s NRestarts %s, %d processes in the unit's cgroup, GPU apps %s, GPU memory used %d MiB"
+      % (before["MainPID"], before["NRestarts"], len(old_pids), apps0, used0))
+t0 = time.time()
+sh("kill -9 %s" % before["MainPID"])
+down = None
+while time.time() - t0 < 600:
+    st, pids = show()
+    if st["MainPID"] not in ("0", before["MainPID"]) and st["ActiveState"] == "active" and healthy():
+        break
+    time.sleep(1)
+ready = time.time() - t0
+st, new_pids = show()
+left = sorted(set(old_pids) - set(new_pids) & set(sh("ls /proc").split()))
+apps1, used1 = gpu()
+orphans = [a for a in apps1 if str(a[0]) not in new_pids]
+print("after: MainPID %s NRestarts %s, healthy again %.0f s after kill -9; old processes left: %s; "
+      "GPU apps %s, of them outside the unit: %s; GPU memory used %d MiB (before %d)"
+      % (st["MainPID"], st["NRestarts"], ready, left or "none", apps1, orphans or "none", used1, used0))
+ok = (int(st["NRestarts"]) == int(before["NRestarts"]) + 1 and healthy() and not left and not orphans
+      and used1 <= used0 * 1.05 + 512)
+print("kill9 %s" % ("PASSED" if ok else "FAILED"))
+sys.exit(0 if ok else 1)
+EOF
+}
+
+step_collect() {
+  # vLLM's own account of each start: weights, KV cache, graphs, compile, limits, warnings
+  ssh_host "journalctl -u vllm-main.service --no-pager -o short-iso | grep -E 'Model loading took|Available KV cache|GPU KV cache size|Maximum concurrency|Graph capturing|torch.compile took|ulimit|Using .*backend|JIT|WARNING|ERROR|Started|Stopped|Main process exited'" \
+    >"$ST/journal-key.txt" 2>&1
+  ssh_host 'journalctl -u vllm-main.service --no-pager -o short-iso | gzip' >"$ST/journal.txt.gz" 2>/dev/null
+  ssh_host 'cat /etc/systemd/system/vllm-main.service; systemctl show vllm-main.service -p Environment,MainPID,NRestarts' >"$ST/unit.txt" 2>&1
+  local found
+  mapfile -t found < <(cd "$ST" && ls -d deploy-*.log reports 2>/dev/null)
+  tar -C "$ST" -czf "$OUTD/gpu-host.tar.gz" --ignore-failed-read journal-key.txt journal.txt.gz unit.txt \
+    inv hub.json "${found[@]}" 2>/dev/null
+  cp "$ST/journal-key.txt" "$OUTD/" 2>/dev/null
+  log "collected: $(find "$OUTD" -mindepth 1 -maxdepth 1 -printf '%f ')"
+}
+
+step_stop() {
+  local pid
+  for pid in $(pgrep -f "systemd-nspawn --boot --register=no --keep-unit -D $MNT" 2>/dev/null); do kill "$pid"; done
+}
+
+case ${1:-} in
+  extras) step_extras "$2" ;;
+  stage) step_stage "$2" ;;
+  boot) step_boot ;;
+  prepare) step_prepare ;;
+  deploy) shift; step_deploy "$@" ;;
+  kill9) step_kill9 ;;
+  collect) step_collect ;;
+  stop) step_stop ;;
+  *) sed -n '2,24p' "$0"; exit 2 ;;
+esac
