@@ -50,9 +50,9 @@ def load_profile(name, overrides=None, dirs=None, variable=None):
         raise ProfileError("%sa profile name must be a non-empty string, got %r" % (what, name))
     known = known_profiles(dirs)
     if name not in known:
-        raise ProfileError("%sunknown vLLM profile %r; known profiles: %s (searched %s)"
-                           % (what, name, ", ".join(sorted(known)) or "(none)",
-                              ", ".join(search_dirs(dirs))))
+        raise ProfileError("unknown %s %r; known profiles: %s (searched %s)"
+                           % (variable or "vLLM profile", name,
+                              ", ".join(sorted(known)) or "(none)", ", ".join(search_dirs(dirs))))
     path = known[name]
     try:
         with open(path) as f:

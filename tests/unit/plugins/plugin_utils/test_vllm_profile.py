@@ -119,7 +119,7 @@ def test_unknown_profile_lists_known_ones_and_names_the_variable():
     with pytest.raises(ProfileError) as e:
         vllm_profiles.load_profile("minimax-tp16", variable="vllm_service_profile")
     msg = str(e.value)
-    assert msg.startswith("vllm_service_profile: unknown vLLM profile 'minimax-tp16'")
+    assert msg.startswith("unknown vllm_service_profile 'minimax-tp16'; known profiles: ")
     assert "cpu-tiny, glm-5-fp8, kimi-k2.5-int4-tp8" in msg
     assert PROFILE_DIR in msg or os.path.realpath(PROFILE_DIR) in os.path.realpath(
         msg.split("(searched ")[1].rstrip(")"))
@@ -320,4 +320,4 @@ def test_the_lookup_plugin_through_ansible():
     assert prof["max_model_len"] == 65536 and prof["parallel"]["tensor"] == 4
     res = debug("lookup('vllm_ops.deploy.vllm_profile', 'gpt-9', variable='vllm_service_profile')")
     assert res["failed"] is True
-    assert "vllm_service_profile: unknown vLLM profile 'gpt-9'" in res["msg"]
+    assert "unknown vllm_service_profile 'gpt-9'" in res["msg"]
