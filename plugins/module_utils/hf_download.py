@@ -18,11 +18,12 @@ import tempfile
 import time
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.hf_weights import (
-    HfWeightsError, build_manifest, bytes_missing, discard_damaged, disk_preflight, file_complete,
-    free_bytes, incomplete_bytes, is_commit_sha, manifest_matches, normalize_overrides,
-    normalize_patterns, plan_overrides, progress_bytes, read_manifest, remove_incomplete,
-    request_from_manifest, select_files, utc_now, verify_local_dir, write_json_atomic,
-    write_overrides)
+    MANIFEST_FORMAT, HfWeightsError, build_manifest, bytes_missing, check_hashes, content_of,
+    digest_of, discard_damaged, disk_preflight, expected_from_manifest, file_complete,
+    files_to_hash, flagged_files, free_bytes, incomplete_bytes, invalid_record, is_commit_sha,
+    manifest_matches, merge_reports, normalize_overrides, normalize_patterns, plan_overrides,
+    progress_bytes, read_manifest, remove_incomplete, request_from_manifest, select_files,
+    utc_now, verify_local_dir, with_state, write_json_atomic, write_overrides)
 
 PROGRESS_FILE = ".download-progress.json"
 
@@ -261,25 +262,62 @@ def _state(manifest):
             "overrides": [o.get("file") for o in manifest.get("overrides") or []]}
 
 
+ON_DAMAGE = ("repair", "fail", "report")
+
+
+def _damage_message(where, bad, manifest_path, invalidated, remedy):
+    shown = "; ".join("%s: %s" % (rel, why) for rel, why in sorted(bad.items())[:10])
+    return ("hash verification of %s failed for %d file%s: %s; %s%s"
+            % (where, len(bad), "" if len(bad) == 1 else "s", shown,
+               ("the manifest %s is marked invalid (no run accepts these files again without "
+                "hashing them); " % manifest_path) if invalidated else "", remedy))
+
+
 def download(params, check_mode=False):
-    """Run one request (the module's parameters): verify, plan, download, verify, override,
-    record. Returns the module's result, with ``diff`` (before/after of the manifest) when
-    something changes (or would change, in check mode); raises DownloadFailed."""
+    """Run one request (the module's parameters): verify, plan, download, verify (hashes
+    where it matters), repair what fails, override, record. Returns the module's result, with
+    ``diff`` (before/after of the manifest) when something changes (or would change, in check
+    mode); raises DownloadFailed."""
     p = dict(params)
+    for key, default in (("hash_workers", 0), ("hash_files", None), ("source_manifest", None),
+                         ("on_damage", None)):
+        p.setdefault(key, default)
     local_dir = p["local_dir"]
     result = dict(changed=False, revision=p["revision"], downloaded=False,
                   manifest=os.path.join(local_dir or "", p["manifest"]),
-                  progress_file=os.path.join(local_dir or "", PROGRESS_FILE))
+                  progress_file=os.path.join(local_dir or "", PROGRESS_FILE),
+                  hash=None, damaged={}, repaired=[], bytes_fetched=0,
+                  manifest_invalidated=False)
 
     def fail(msg, **extra):
         result.update(extra)
         raise DownloadFailed(msg, result)
 
     # ---- assert: every input check before any network call or write
+    source = p["source_manifest"]
+    on_damage = p["on_damage"] or ("fail" if p["offline"] else "repair")
+    if on_damage not in ON_DAMAGE:
+        fail("on_damage must be one of %s, got %r" % (", ".join(ON_DAMAGE), on_damage))
+    if p["offline"] and on_damage == "repair":
+        fail("on_damage=repair needs the Hub (offline=false): an offline check can only fail "
+             "or report the damaged files")
+    if source is not None:
+        if not p["offline"]:
+            fail("source_manifest (the reference of a copy) needs offline=true")
+        if not isinstance(source, dict) or source.get("format") != MANIFEST_FORMAT \
+                or not isinstance(source.get("files"), dict):
+            fail("source_manifest is not a manifest of format %d" % MANIFEST_FORMAT)
+    if p["hash_workers"] < 0:
+        fail("hash_workers must be >= 0 (0 = one per core), got %d" % p["hash_workers"])
+    manifest_path = result["manifest"]
+    if os.path.basename(p["manifest"]) != p["manifest"] or p["manifest"] in ("", ".", ".."):
+        fail("manifest must be a file name inside local_dir, got %r" % p["manifest"])
+    old = read_manifest(manifest_path)
+    ref = source if source is not None else old  # what the files must be
     if p["offline"] and p["repo_id"] is None:
+        where = "source_manifest" if source is not None else manifest_path
         try:
-            req = request_from_manifest(read_manifest(os.path.join(local_dir, p["manifest"])),
-                                        os.path.join(local_dir, p["manifest"]))
+            req = request_from_manifest(ref, where)
         except HfWeightsError as exc:
             fail(str(exc), verified=False)
         p.update(repo_id=req["repo_id"], revision=req["revision"],
@@ -294,8 +332,6 @@ def download(params, check_mode=False):
         fail("max_workers must be >= 1, got %d" % p["max_workers"])
     if p["disk_margin_bytes"] < 0:
         fail("disk_margin_bytes must be >= 0, got %d" % p["disk_margin_bytes"])
-    if os.path.basename(p["manifest"]) != p["manifest"] or p["manifest"] in ("", ".", ".."):
-        fail("manifest must be a file name inside local_dir, got %r" % p["manifest"])
     if p["progress_interval"] <= 0:
         fail("progress_interval must be > 0, got %s" % p["progress_interval"])
     try:
@@ -304,22 +340,77 @@ def download(params, check_mode=False):
                        ignore_patterns=normalize_patterns(p["ignore_patterns"], "ignore_patterns"),
                        overrides=normalize_overrides(p["overrides"]),
                        verify_hashes=p["verify_hashes"])
+        extra = normalize_patterns(p["hash_files"], "hash_files") or []
     except HfWeightsError as exc:
         fail(str(exc))
+    workers = p["hash_workers"]
+    hash_reports = []
 
-    # ---- fast path: the manifest proves the request is satisfied; no network
-    manifest_path = result["manifest"]
-    old = read_manifest(manifest_path)
-    matches, why = manifest_matches(old, request, local_dir)
+    # ---- fast path: the manifest proves the request is satisfied (cheap check: sizes); no
+    # network. The files' digests are checked where it matters (files_to_hash).
+    matches, why = manifest_matches(ref, request, local_dir)
+    damaged = {}
+    good_now = {}  # files hashed and found right in this run: {path: digest}
     if matches:
-        result.update(sha=old["sha"], files=old["files"], bytes=old["bytes"], verified=True,
-                      hashes_verified=bool(old.get("hashes_verified")),
-                      overrides_applied=old.get("overrides_applied") or [],
-                      reason="manifest matches (verified_at %s)" % old.get("verified_at"))
-        return result
-    if p["offline"]:
+        expected = expected_from_manifest(ref)
+        todo = files_to_hash(expected, old, force_all=p["verify_hashes"], extra=extra)
+        overridden = [o["file"] for o in ref.get("overrides_applied") or []]
+        result.update(sha=ref["sha"], files=ref["files"],
+                      bytes=ref.get("bytes", sum(ref["files"].values())),
+                      overrides_applied=ref.get("overrides_applied") or [])
+        if not todo and content_of(old) == content_of(ref) and not flagged_files(old):
+            result.update(verified=True, hashes_verified=bool(old.get("hashes_verified")),
+                          reason="manifest matches (verified_at %s%s)" % (
+                              old.get("verified_at"),
+                              ", hashes verified at %s" % old["hashes_verified_at"]
+                              if old.get("hashes_verified_at") else ""))
+            return result
+        chk = check_hashes(local_dir, expected, todo, overridden, workers)
+        hash_reports.append(chk["report"])
+        result["hash"] = merge_reports(*hash_reports)
+        full = set(todo) == set(expected) and not chk["unhashable"]
+        if not chk["bad"]:
+            hashed_at = utc_now() if full else (old or {}).get("hashes_verified_at")
+            new = with_state(ref, hashed_at)
+            if not check_mode and (old is None or content_of(old) != content_of(new)
+                                   or old.get("hashes_verified_at") != hashed_at
+                                   or old.get("invalid")):
+                write_json_atomic(manifest_path, new)
+            result.update(verified=True, hashes_verified=bool(hashed_at),
+                          unhashable=chk["unhashable"],
+                          reason="manifest matches; %d of %d files hashed (%s)" % (
+                              len(chk["hashed"]), len(expected),
+                              "all" if full else "the ones not vouched for yet"))
+            return result
+        damaged = chk["bad"]
+        result["damaged"] = damaged
+        good_now = dict((rel, digest_of(expected[rel])) for rel in chk["hashed"]
+                        if rel not in damaged)
+        invalid = invalid_record(damaged, (old or {}).get("invalid"), chk["hashed"])
+        if not check_mode:
+            write_json_atomic(manifest_path, with_state(
+                ref, (old or {}).get("hashes_verified_at"), invalid=invalid))
+            result["manifest_invalidated"] = True
+        where = "%s@%s in %s" % (p["repo_id"], ref["sha"], local_dir)
+        if on_damage == "report" or (check_mode and on_damage == "repair"):
+            result.update(verified=False, hashes_verified=False,
+                          changed=check_mode and on_damage == "repair",
+                          would_repair=sorted(damaged) if check_mode else [],
+                          reason=_damage_message(where, damaged, manifest_path,
+                                                 result["manifest_invalidated"], "reported"))
+            return result
+        if on_damage == "fail":
+            fail(_damage_message(
+                where, damaged, manifest_path, not check_mode,
+                "nothing was repaired (offline: restore the files from where they came from, "
+                "or run the download with the Hub reachable)" if p["offline"] else
+                "nothing was repaired (on_damage=fail)"), verified=False, hashes_verified=False)
+        why = "%d file%s failed hash verification" % (len(damaged),
+                                                      "" if len(damaged) == 1 else "s")
+    elif p["offline"]:
         fail("offline verification of %s@%s in %s failed: %s (manifest %s); nothing was "
-             "downloaded" % (p["repo_id"], p["revision"], local_dir, why, manifest_path),
+             "downloaded" % (p["repo_id"], p["revision"], local_dir, why,
+                             "source_manifest" if source is not None else manifest_path),
              verified=False)
 
     # ---- plan: resolve, list, select, preflight, probe (read-only)
@@ -338,17 +429,21 @@ def download(params, check_mode=False):
             if o["file"] not in expected:
                 raise HfWeightsError("overrides[%d]: %s is not among the selected files of "
                                      "%s@%s" % (i, o["file"], p["repo_id"], sha))
-        needed = bytes_missing(local_dir, expected, sha)
+        damaged = dict((rel, why_) for rel, why_ in damaged.items() if rel in expected)
+        pending = sorted(set(k for k in expected if not file_complete(local_dir, k, expected[k], sha))
+                         | set(damaged))
+        needed = bytes_missing(local_dir, expected, sha) + sum(
+            expected[k]["size"] for k in damaged if file_complete(local_dir, k, expected[k], sha))
         free = free_bytes(local_dir)
         result.update(files=dict((k, v["size"]) for k, v in sorted(expected.items())),
                       bytes=sum(v["size"] for v in expected.values()), bytes_needed=needed,
                       bytes_free=free, huggingface_hub_version=hub_version,
                       reason="manifest: %s" % why)
-        pending = [k for k in sorted(expected) if not file_complete(local_dir, k, expected[k], sha)]
         if pending:
-            # parts left by a killed run are deleted before the download: count them as free
-            disk_preflight(needed, free + incomplete_bytes(local_dir), p["disk_margin_bytes"],
-                           local_dir)
+            # parts left by a killed run are deleted before the download: count them as free;
+            # so are the damaged files, deleted before they are fetched again
+            disk_preflight(needed, free + incomplete_bytes(local_dir) + sum(
+                expected[k]["size"] for k in damaged), p["disk_margin_bytes"], local_dir)
             probe_access(p, sha, pending[0], funcs)
             precheck_overrides(p, request, sha, pending)
     except (HfWeightsError, HubError) as exc:
@@ -356,13 +451,15 @@ def download(params, check_mode=False):
 
     if check_mode:
         result.update(changed=True, verified=False, hashes_verified=False, overrides_applied=[],
-                      would_download=bool(pending),
+                      would_download=bool(pending), would_repair=sorted(damaged),
                       diff={"before": _state(old), "after": {
                           "repo_id": p["repo_id"], "sha": sha, "files": result["files"],
                           "overrides": [o["file"] for o in request["overrides"]]}})
         return result
 
-    # ---- download, verify, override, record (one writer per local_dir)
+    # ---- download, verify (hashes where it matters), repair, override, record (one writer)
+    where = "%s@%s in %s" % (p["repo_id"], sha, local_dir)
+    overridden = [o["file"] for o in request["overrides"]]
     try:
         acquire_dir_lock(local_dir)  # fd stays open (locked) until the module exits
         if pending:
@@ -370,20 +467,63 @@ def download(params, check_mode=False):
             result["damaged_removed"] = discard_damaged(local_dir, pending)
             result["download"] = run_download(p, request, sha, expected, env)
             result["downloaded"] = True
-        check = verify_local_dir(local_dir, expected, sha, hashes=p["verify_hashes"])
+            result["bytes_fetched"] += result["download"]["bytes_downloaded"]
+        check = verify_local_dir(local_dir, expected, sha)
         if not check["ok"]:
             raise HfWeightsError("verification of %s@%s in %s failed (%d problems): %s"
                                  % (p["repo_id"], sha, local_dir, len(check["problems"]),
                                     "; ".join(check["problems"][:10])))
+        # hash what this run fetched, and everything the old manifest cannot vouch for (less
+        # what this run hashed already, unchanged since)
+        todo = sorted(set(pending) | set(
+            rel for rel in files_to_hash(expected, old, force_all=p["verify_hashes"], extra=extra)
+            if good_now.get(rel) is None or good_now[rel] != digest_of(expected[rel])))
+        chk = check_hashes(local_dir, expected, todo, overridden, workers)
+        hash_reports.append(chk["report"])
+        full = (set(todo) | set(good_now)) == set(expected) and not chk["unhashable"]
+        bad = chk["bad"]
+        if bad:
+            result["damaged"] = dict(damaged, **bad)
+            invalid = invalid_record(bad)
+            write_json_atomic(manifest_path, build_manifest(
+                request, sha, expected, False, [], endpoint=p["endpoint"], invalid=invalid))
+            result["manifest_invalidated"] = True
+            if on_damage != "repair":
+                raise HfWeightsError(_damage_message(where, bad, manifest_path, True,
+                                                     "nothing was repaired (on_damage=%s)"
+                                                     % on_damage))
+            # repair: delete the file and its metadata (else huggingface_hub may keep it), fetch
+            # it again in this run, hash it again
+            discard_damaged(local_dir, sorted(bad))
+            again = run_download(p, request, sha, expected, env)
+            result["repair_download"] = again
+            result["bytes_fetched"] += again["bytes_downloaded"]
+            chk2 = check_hashes(local_dir, expected, sorted(bad), overridden, workers)
+            hash_reports.append(chk2["report"])
+            if chk2["bad"]:
+                raise HfWeightsError(_damage_message(
+                    where, chk2["bad"], manifest_path, True,
+                    "downloaded again in this run and still wrong: %s serves content that does "
+                    "not match the digest its own tree lists" % (p["endpoint"] or
+                                                                 "https://huggingface.co")))
+        result["repaired"] = sorted(set(damaged) | set(bad))
         oids = dict((k, v["oid"]) for k, v in expected.items() if not v.get("sha256"))
         plans = plan_overrides(local_dir, request["overrides"], pristine_oids=oids)
         applied = write_overrides(local_dir, plans)
     except (HfWeightsError, HubError) as exc:
+        result["hash"] = merge_reports(*hash_reports)
         fail(str(exc))
-    manifest = build_manifest(request, sha, expected, p["verify_hashes"], applied,
-                              endpoint=p["endpoint"])
+    result["hash"] = merge_reports(*hash_reports)
+    if full:
+        hashed_at = utc_now()
+    elif old and old.get("hashes_verified_at"):
+        hashed_at = old["hashes_verified_at"]  # the rest was hashed then, and vouched for now
+    else:
+        hashed_at = None
+    manifest = build_manifest(request, sha, expected, bool(hashed_at), applied,
+                              endpoint=p["endpoint"], hashes_verified_at=hashed_at)
     write_json_atomic(manifest_path, manifest)
-    result.update(changed=True, verified=True, hashes_verified=bool(p["verify_hashes"]),
-                  overrides_applied=applied,
+    result.update(changed=True, verified=True, hashes_verified=bool(hashed_at),
+                  unhashable=chk["unhashable"], overrides_applied=applied,
                   diff={"before": _state(old), "after": _state(manifest)})
     return result

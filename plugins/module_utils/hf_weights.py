@@ -7,9 +7,13 @@ local filesystem so it can be unit-tested without a network:
   ``fnmatch.fnmatchcase``, ``*`` crosses ``/``, a pattern ending in ``/`` means the folder);
 * disk preflight (selected bytes + margin vs free bytes on the target filesystem);
 * cheap verification of a ``local_dir`` download (sizes, ``.cache/huggingface/download/
-  <path>.metadata`` commit == pinned sha, no ``*.incomplete``), optional sha256 of LFS files;
+  <path>.metadata`` commit == pinned sha, no ``*.incomplete``);
+* hash verification against the digests the Hub lists (sha256 = LFS oid of a large file, git
+  blob sha1 of a small one), in parallel (weights_hash), and which files a run must hash;
 * progress sampling (bytes on disk during a download);
-* the manifest written next to the weights, and whether it allows a no-network no-op;
+* the manifest written next to the weights (with per-file digests, when every file was last
+  hashed, and an ``invalid`` record after a failed hash check), and whether it allows a
+  no-network no-op;
 * declarative JSON overrides (set / delete at a key path) with a one-time ``.orig`` backup.
 
 Expected files are given as ``{path: {"size": int, "sha256": str|None, "oid": str|None}}``
@@ -24,6 +28,9 @@ import hashlib
 import json
 import os
 import re
+import socket
+
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.weights_hash import hash_files
 
 MANIFEST_FORMAT = 1
 DOWNLOAD_META_DIR = os.path.join(".cache", "huggingface", "download")
@@ -185,8 +192,8 @@ def discard_damaged(local_dir, pending):
 
     huggingface_hub skips a file whose metadata etag matches when the file's mtime is within
     a second of the metadata timestamp, so a file damaged right after its download (or by a
-    tool that keeps mtimes) would not be fetched again. Returns the paths removed. Call only
-    while no other downloader uses local_dir."""
+    tool that keeps mtimes) would not be fetched again. Its per-file ``.lock`` goes too.
+    Returns the paths removed. Call only while no other downloader uses local_dir."""
     removed = []
     for rel in pending:
         full = os.path.join(local_dir, rel)
@@ -194,8 +201,9 @@ def discard_damaged(local_dir, pending):
             os.remove(full)
             removed.append(rel)
             meta = metadata_path(local_dir, rel)
-            if os.path.isfile(meta):
-                os.remove(meta)
+            for aux in (meta, meta[:-len(".metadata")] + ".lock"):
+                if os.path.isfile(aux):
+                    os.remove(aux)
     return removed
 
 
@@ -250,24 +258,21 @@ def progress_bytes(local_dir, expected, sha):
     return min(done, total)
 
 
-def verify_local_dir(local_dir, expected, sha, hashes=False):
-    """Check a local_dir download. Returns {"ok", "problems", "hashed"}; problems name files."""
+def verify_local_dir(local_dir, expected, sha, hashes=False, workers=0):
+    """Check a local_dir download. Returns {"ok", "problems", "hashed"}; problems name files.
+    ``hashes``: also check every file's digest (check_hashes, in parallel)."""
     problems = []
-    hashed = 0
     for rel in sorted(expected):
         info = expected[rel]
         full = os.path.join(local_dir, rel)
         size = _stat_size(full)
-        checked = full
         if size is None:
             problems.append("%s: missing" % rel)
             continue
-        if size != info["size"]:
-            if _stat_size(full + ".orig") == info["size"]:
-                checked = full + ".orig"  # overridden file: the backup is the download
-            else:
-                problems.append("%s: size %d, expected %d" % (rel, size, info["size"]))
-                continue
+        if size != info["size"] and _stat_size(full + ".orig") != info["size"]:
+            # (an overridden file is checked through its backup, the download)
+            problems.append("%s: size %d, expected %d" % (rel, size, info["size"]))
+            continue
         meta = read_download_metadata(local_dir, rel)
         if meta is None:
             problems.append("%s: no download metadata (%s)"
@@ -275,14 +280,128 @@ def verify_local_dir(local_dir, expected, sha, hashes=False):
         elif meta["commit"] != sha:
             problems.append("%s: downloaded from commit %s, expected %s"
                             % (rel, meta["commit"], sha))
-        if hashes and info.get("sha256"):
-            digest = sha256_file(checked)
-            hashed += 1
-            if digest != info["sha256"]:
-                problems.append("%s: sha256 %s, expected %s" % (rel, digest, info["sha256"]))
     for path in find_incomplete(local_dir):
         problems.append("%s: incomplete download left" % os.path.relpath(path, local_dir))
+    hashed = 0
+    if hashes:
+        chk = check_hashes(local_dir, expected, sorted(expected), workers=workers)
+        hashed = len(chk["hashed"])
+        problems.extend("%s: %s" % (rel, why) for rel, why in sorted(chk["bad"].items()))
     return {"ok": not problems, "problems": problems, "hashed": hashed}
+
+
+# ---------------------------------------------------------------- hash verification
+
+def digest_of(info):
+    """(algorithm, hex) a file must hash to: the LFS sha256, else the git blob sha1 of the tree
+    listing (``oid``); None when neither is known."""
+    if info.get("sha256"):
+        return ("sha256", info["sha256"])
+    if info.get("oid"):
+        return ("git_sha1", info["oid"])
+    return None
+
+
+def manifest_digests(manifest):
+    """{path: (algorithm, hex)} recorded by a manifest (``digests``; a manifest written before
+    digests were recorded has only ``lfs_sha256``)."""
+    out = {}
+    if not manifest:
+        return out
+    for rel, sha in (manifest.get("lfs_sha256") or {}).items():
+        out[rel] = ("sha256", sha)
+    for rel, d in (manifest.get("digests") or {}).items():
+        if isinstance(d, dict):
+            for algo in ("sha256", "git_sha1"):
+                if d.get(algo):
+                    out[rel] = (algo, d[algo])
+                    break
+    return out
+
+
+def expected_from_manifest(manifest):
+    """The expected-files dict ({path: {"size", "sha256", "oid"}}) a manifest records."""
+    digests = manifest_digests(manifest)
+    out = {}
+    for rel, size in (manifest.get("files") or {}).items():
+        algo, hexd = digests.get(rel, (None, None))
+        out[rel] = {"size": size, "sha256": hexd if algo == "sha256" else None,
+                    "oid": hexd if algo == "git_sha1" else None}
+    return out
+
+
+def flagged_files(manifest):
+    """Files a failed hash check recorded in the manifest (its ``invalid`` record)."""
+    inv = (manifest or {}).get("invalid")
+    if not isinstance(inv, dict):
+        return {}
+    return dict(inv.get("files") or {})
+
+
+def files_to_hash(expected, local, force_all=False, extra=()):
+    """Which files a run hashes: all of them when asked (``force_all``) or when the local
+    manifest records no complete hash pass (first download, first check of a copy); else the
+    ones it cannot vouch for: ``extra`` (re-downloaded or re-copied now), files flagged by a
+    failed check, and files whose digest differs from what the local manifest recorded."""
+    if force_all or not local or not local.get("hashes_verified_at"):
+        return sorted(expected)
+    known = manifest_digests(local)
+    flagged = flagged_files(local)
+    extra = set(extra or ())
+    return sorted(rel for rel in expected
+                  if rel in extra or rel in flagged or known.get(rel) is None
+                  or known.get(rel) != digest_of(expected[rel]))
+
+
+def check_hashes(local_dir, expected, rels, override_files=(), workers=0):
+    """Hash ``rels`` (paths of ``expected``) in parallel against their digests. An overridden
+    file passes when it or its ``.orig`` backup (the download) has the digest. Returns
+    {"bad": {path: problem}, "hashed": [paths], "unhashable": [paths without a digest],
+    "report": {"files", "bytes", "elapsed_s", "mb_per_s", "workers"}}."""
+    jobs, unhashable = [], []
+    overridden = set(override_files or ())
+    for rel in rels:
+        want = digest_of(expected[rel])
+        if want is None:
+            unhashable.append(rel)
+            continue
+        full = os.path.join(local_dir, rel)
+        paths = [full] + ([full + ".orig"] if rel in overridden
+                          and os.path.exists(full + ".orig") else [])
+        for path in paths:
+            jobs.append({"rel": rel, "path": path, "algo": want[0], "want": want[1],
+                         "size": _stat_size(path) or 0})
+    out = hash_files(jobs, workers=workers)
+    seen = {}
+    for r in out["results"]:
+        ok = r.get("digest") == r["want"]
+        prev = seen.get(r["rel"])
+        if prev is None or ok:
+            if ok:
+                seen[r["rel"]] = True
+            else:
+                seen[r["rel"]] = ("%s: %s" % (os.path.basename(r["path"]), r["error"])
+                                  if r.get("error") else "%s %s, expected %s"
+                                  % ("sha256" if r["algo"] == "sha256" else "git blob sha1",
+                                     r["digest"], r["want"]))
+    bad = dict((rel, why) for rel, why in seen.items() if why is not True)
+    report = dict((k, out[k]) for k in ("bytes", "elapsed_s", "mb_per_s", "workers"))
+    report["files"] = len(seen)  # an overridden file and its backup count once
+    return {"bad": bad, "hashed": sorted(seen), "unhashable": sorted(unhashable),
+            "report": report}
+
+
+def merge_reports(*reports):
+    """One hash report from several passes of a run (files, bytes, time, MB/s)."""
+    reports = [r for r in reports if r and r.get("files")]
+    if not reports:
+        return None
+    files = sum(r["files"] for r in reports)
+    total = sum(r["bytes"] for r in reports)
+    elapsed = sum(r["elapsed_s"] for r in reports)
+    return {"files": files, "bytes": total, "elapsed_s": round(elapsed, 3),
+            "mb_per_s": round(total / elapsed / 1e6, 1) if elapsed > 0 and total else None,
+            "workers": max(r["workers"] for r in reports), "passes": len(reports)}
 
 
 # ---------------------------------------------------------------- manifest
@@ -291,7 +410,23 @@ def utc_now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def build_manifest(request, sha, expected, hashes_verified, overrides_applied, endpoint=None):
+# What a manifest says about its own copy of the files (when it was checked, whether every
+# file's digest was, a failed check); the rest describes the files and is the same on every
+# copy (the fan-out source's manifest is the reference of its copies).
+LOCAL_STATE_KEYS = ("verified_at", "hashes_verified", "hashes_verified_at", "invalid")
+
+
+def build_manifest(request, sha, expected, hashes_verified, overrides_applied, endpoint=None,
+                   hashes_verified_at=None, invalid=None):
+    """The manifest of a download. ``hashes_verified``: every file's digest has been checked
+    since it was written (``hashes_verified_at``: when the last pass over all of them ended);
+    ``invalid``: the record of a failed hash check ({"at", "files": {path: problem}}), which
+    no later run accepts without hashing those files again."""
+    digests = {}
+    for p in sorted(expected):
+        d = digest_of(expected[p])
+        if d is not None:
+            digests[p] = {d[0]: d[1]}
     return {
         "format": MANIFEST_FORMAT,
         "repo_id": request["repo_id"],
@@ -303,12 +438,40 @@ def build_manifest(request, sha, expected, hashes_verified, overrides_applied, e
         "files": dict((p, expected[p]["size"]) for p in sorted(expected)),
         "lfs_sha256": dict((p, expected[p]["sha256"]) for p in sorted(expected)
                            if expected[p].get("sha256")),
+        "digests": digests,
         "bytes": sum(info["size"] for info in expected.values()),
         "verified_at": utc_now(),
-        "hashes_verified": bool(hashes_verified),
+        "hashes_verified": bool(hashes_verified) and not invalid,
+        "hashes_verified_at": hashes_verified_at,
+        "invalid": invalid or None,
         "overrides": request.get("overrides") or [],
         "overrides_applied": overrides_applied,
     }
+
+
+def content_of(manifest):
+    """A manifest without its local state: equal on a source and its intact copies."""
+    return dict((k, v) for k, v in (manifest or {}).items() if k not in LOCAL_STATE_KEYS)
+
+
+def with_state(manifest, hashes_verified_at, invalid=None):
+    """A copy of ``manifest`` with this copy's state: checked now, the last full hash pass at
+    ``hashes_verified_at`` (every file's digest has been checked since it was written), and
+    a failed check's record (``invalid``) or none."""
+    out = content_of(manifest)
+    out.update(verified_at=utc_now(), hashes_verified=bool(hashes_verified_at) and not invalid,
+               hashes_verified_at=hashes_verified_at, invalid=invalid or None)
+    return out
+
+
+def invalid_record(bad, previous=None, rechecked=()):
+    """The ``invalid`` record of a failed hash check: when, and each file with its problem.
+    Files an earlier record flagged stay flagged unless this check hashed them again."""
+    rechecked = set(rechecked or ())
+    files = dict((rel, why) for rel, why in flagged_files({"invalid": previous}).items()
+                 if rel not in rechecked)
+    files.update(bad)
+    return {"at": utc_now(), "files": dict(sorted(files.items()))}
 
 
 def read_manifest(path):
@@ -345,16 +508,32 @@ def request_from_manifest(manifest, where):
 
 
 def write_json_atomic(path, data):
-    tmp = path + ".tmp"
+    """Write JSON through a temporary file in the same directory, flushed to disk, then
+    renamed over ``path``: a reader sees the old or the new content, never a part (several
+    hosts may write one manifest on shared storage: the temporary name is per host and pid)."""
+    tmp = "%s.tmp.%s.%d" % (path, socket.gethostname(), os.getpid())
     with open(tmp, "w") as f:
         json.dump(data, f, indent=2, sort_keys=False, ensure_ascii=False)
         f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    try:
+        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def manifest_matches(manifest, request, local_dir):
     """(True, "") when the manifest proves the request is already satisfied, using only the
-    local filesystem (stat of each file, sha256 of overridden small files)."""
+    local filesystem (stat of each file, sha256 of overridden small files): the cheap check.
+    Whether file digests must be checked too is files_to_hash's question."""
     if manifest is None:
         return False, "no manifest"
     for key in ("repo_id", "allow_patterns", "ignore_patterns"):
@@ -368,8 +547,6 @@ def manifest_matches(manifest, request, local_dir):
         return False, "revision changed"
     if (manifest.get("overrides") or []) != (request.get("overrides") or []):
         return False, "overrides changed"
-    if request.get("verify_hashes") and not manifest.get("hashes_verified"):
-        return False, "hashes not verified yet"
     if not manifest.get("files"):
         return False, "manifest lists no files"
     after = dict((o["file"], o["sha256"]) for o in manifest.get("overrides_applied") or [])

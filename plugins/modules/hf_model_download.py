@@ -11,9 +11,12 @@ description:
   - Runs on the target host with the interpreter of a dedicated downloader venv that has
     huggingface_hub 1.x or 2.x (C(ansible_python_interpreter=<venv>/bin/python)). Tested with
     huggingface_hub 2.4.0 against olah 0.5.4.
-  - If the manifest in I(local_dir) matches the request (repo, sha or recorded revision,
-    patterns, overrides) and every listed file has its recorded size, nothing is contacted and
-    nothing changes.
+  - "If the manifest in I(local_dir) matches the request (repo, sha or recorded revision,
+    patterns, overrides) and every listed file has its recorded size (the cheap check), nothing
+    is contacted and nothing changes. That check does not see a damaged file of the right size;
+    file digests (sha256 = LFS oid of a large file, git blob sha1 of a small one, as the Hub's
+    tree lists them and the manifest records them) are checked where it matters, see
+    I(verify_hashes)."
   - Otherwise resolves a branch/tag to a commit sha (once; the sha is recorded in the
     manifest), lists the repo tree with sizes at that sha, selects files with the patterns,
     checks the disk (bytes still missing + I(disk_margin_bytes) vs free bytes), probes access to
@@ -26,6 +29,15 @@ description:
   - "A download killed mid-way resumes at file granularity on the next run: finished files are
     kept, and the part files (C(*.incomplete)) of the killed process are deleted first, since
     huggingface_hub names them per process and never reuses them."
+  - "Hashes are checked, in parallel (I(hash_workers)), for: every file on the first download
+    (or whenever the manifest records no complete hash pass), every file fetched in the run,
+    files a failed check flagged, files in I(hash_files), and every file with
+    I(verify_hashes=true). The result's C(hash) says how many files and bytes, and at what MB/s."
+  - "A file whose digest is wrong is deleted with its huggingface_hub metadata and lock,
+    downloaded again in the same run and hashed again (C(repaired), C(bytes_fetched)); the
+    manifest is marked invalid first, so a run that stops there leaves no manifest that a later
+    run would accept without hashing those files. A file still wrong after the second download
+    fails the task (the endpoint serves content that does not match its own tree)."
   - The write phase holds a lock in C(<local_dir>/.cache/huggingface/), so a second writer on
     the same directory is refused.
 options:
@@ -73,9 +85,37 @@ options:
     type: int
     default: 5000000000
   verify_hashes:
-    description: Also sha256 every LFS file after the download (slow on large checkpoints).
+    description:
+      - Check the digest of every file in this run, also when the manifest matches (on a
+        500 GB checkpoint this reads 500 GB). Without it, digests are checked only where it
+        matters (see the description).
     type: bool
     default: false
+  hash_workers:
+    description: Threads hashing files in parallel; C(0) = one per core (2 to 16).
+    type: int
+    default: 0
+  hash_files:
+    description:
+      - Files (repo-relative paths) to hash in this run in any case, e.g. the files an rsync
+        just copied. Paths that are not among the selected files are ignored.
+    type: list
+    elements: str
+  source_manifest:
+    description:
+      - With I(offline=true), the manifest the files must match (the fan-out source's, for a
+        copy), instead of the one in I(local_dir). The local manifest then records this copy's
+        own state (checked, hashed, invalid) next to the source manifest's content; it is
+        written only when that state changes.
+    type: dict
+  on_damage:
+    description:
+      - What a failed hash check does. C(repair) (the default unless I(offline)) downloads the
+        damaged files again; C(fail) (the default with I(offline)) fails naming them; C(report)
+        returns C(verified=false) with the files in C(damaged), for the caller to repair (the
+        fan-out copies its source's files again). The manifest is marked invalid in every case.
+    type: str
+    choices: [repair, fail, report]
   overrides:
     description:
       - JSON patches on JSON files of the download. Each is a dict with C(file) and one of
@@ -97,14 +137,16 @@ options:
     default: 5
   offline:
     description:
-      - Verify only. Succeeds (unchanged) when the manifest in I(local_dir) proves the request
-        (what a re-run checks before any network call); otherwise fails, naming why, without
-        contacting the Hub or writing anything. For weights on shared storage or copied from
-        another host. Needs no huggingface_hub (any Python >= 3.9 runs it).
+      - Verify only. Succeeds (unchanged) when the manifest in I(local_dir) (or
+        I(source_manifest)) proves the request, with the hash checks described above; otherwise
+        fails, naming why, without contacting the Hub or touching the files (only the
+        manifest's record of this check is written). For weights on shared storage or copied
+        from another host. Needs no huggingface_hub (any Python >= 3.9 runs it).
     type: bool
     default: false
 notes:
-  - Check mode reports the plan (bytes_needed, bytes_free) after the read-only Hub calls.
+  - Check mode reports the plan (bytes_needed, bytes_free) after the read-only Hub calls; the
+    hash checks run (they only read) and C(would_repair) lists what a run would fetch again.
   - Plain-HTTP downloads are refused by huggingface_hub above 50 GB per file; larger files
     need the Xet path of the real Hub.
 extends_documentation_fragment:
@@ -142,6 +184,24 @@ EXAMPLES = r"""
     overrides:
       - {file: config.json, delete: quantization_config.kv_cache_scheme}
       - {file: hf_quant_config.json, delete: quantization.kv_cache_quant_algo}
+
+- name: Hash every file now (a damaged one is downloaded again in this run)
+  vllm_ops.deploy.hf_model_download:
+    repo_id: MiniMaxAI/MiniMax-M2.5
+    revision: "<40-hex commit sha>"
+    local_dir: /srv/models/MiniMax-M2.5
+    verify_hashes: true
+  vars:
+    ansible_python_interpreter: /opt/hf-downloader/bin/python
+  register: weights
+
+- name: Check a copy against its source's manifest, offline, reporting what is damaged
+  vllm_ops.deploy.hf_model_download:
+    local_dir: /srv/models/MiniMax-M2.5
+    offline: true
+    source_manifest: "{{ source_manifest_json | from_json }}"
+    hash_files: [model-00001-of-00042.safetensors]
+    on_damage: report
 """
 
 RETURN = r"""
@@ -182,9 +242,42 @@ verified:
   returned: always
   type: bool
 hashes_verified:
-  description: Whether the sha256 of LFS files were checked.
+  description: Whether every file's digest has been checked since it was written (in this run or an earlier one).
   returned: always
   type: bool
+hash:
+  description:
+    - The hashing of this run (null when nothing was hashed) with files, bytes, elapsed_s,
+      mb_per_s (bytes hashed per second of hashing), workers and passes.
+  returned: always
+  type: dict
+damaged:
+  description: Files whose digest was wrong in this run, with the digest found and the one expected.
+  returned: always
+  type: dict
+repaired:
+  description: Damaged files downloaded again in this run and then found right.
+  returned: always
+  type: list
+  elements: str
+bytes_fetched:
+  description: Bytes downloaded in this run (the repair's included).
+  returned: always
+  type: int
+manifest_invalidated:
+  description: Whether this run marked the manifest invalid (a failed hash check).
+  returned: always
+  type: bool
+would_repair:
+  description: In check mode (or with on_damage=report), the damaged files a run would fetch again.
+  returned: when a hash check failed
+  type: list
+  elements: str
+unhashable:
+  description: Files with no digest to check against (a manifest written before digests were recorded).
+  returned: when files were hashed
+  type: list
+  elements: str
 manifest:
   description: Path of the manifest.
   returned: always
@@ -231,6 +324,10 @@ def main():
             high_performance=dict(type="bool", default=False),
             disk_margin_bytes=dict(type="int", default=5000000000),
             verify_hashes=dict(type="bool", default=False),
+            hash_workers=dict(type="int", default=0),
+            hash_files=dict(type="list", elements="str"),
+            source_manifest=dict(type="dict"),
+            on_damage=dict(type="str", choices=["repair", "fail", "report"]),
             overrides=dict(type="list", elements="dict", default=[]),
             manifest=dict(type="str", default=".hf-manifest.json"),
             progress_interval=dict(type="float", default=5.0),
