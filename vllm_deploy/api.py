@@ -1,4 +1,4 @@
-"""The Python API: deploy(), sweep(), status(), saved_sweeps().
+"""The Python API: deploy(), sweep(), status(), verify(), saved_sweeps().
 
 Each call runs one of the repo's playbooks through ansible-runner in a fresh temporary
 private_data_dir, on the caller's inventory used in place. Nothing in the inventory is
@@ -16,7 +16,8 @@ import yaml
 from .errors import PlaybookFailed, UsageError
 from .events import EventCollector
 from .results import (DeployResult, Endpoint, HostResult, HostStats, HostStatus,
-                      InstalledVersions, RunResult, StatusResult, SweepResult, SweepSummary)
+                      InstalledVersions, RunResult, StatusResult, SweepResult, SweepSummary,
+                      VerifyResult, WeightsCheck)
 from .runner import EventCallback, inventory_dirs, run_playbook
 
 
@@ -134,6 +135,33 @@ def status(inventory, limit: Optional[str] = None, *, extravars: Optional[Dict[s
             by_host[host] = HostStatus(host=host, reachable=not any(f.unreachable for f in fails),
                                        error=fails[0].describe() if fails else "no status")
     return _build(StatusResult, runner, collector, info, check, status_by_host=by_host)
+
+
+VERIFY_TAG = "model_weights_verify"
+
+
+def verify(inventory, limit: Optional[str] = None, *,
+           extravars: Optional[Dict[str, Any]] = None, on_event: Optional[EventCallback] = None,
+           check: bool = True, timeout: Optional[int] = None,
+           keep_artifacts: bool = False) -> VerifyResult:
+    """Hash every weight file on the hosts against its digest (sha256 = LFS oid, git blob
+    sha1 of a small file) and repair what fails: vllm_ops.deploy.deploy with
+    --tags model_weights_verify. A damaged file is fetched from the Hub again (source: hf),
+    copied again from the fan-out source (a copy), or named in the failure (source: path;
+    the manifest is then marked invalid). vLLM restarts only on a host whose files changed.
+
+    Returns a VerifyResult whose weights_by_host holds each host's WeightsCheck (files and
+    bytes hashed, MB/s, damaged, repaired, bytes fetched). With check=True a host whose check
+    failed raises PlaybookFailed."""
+    runner, collector, info = run_playbook("vllm_ops.deploy.deploy", inventory, limit=limit,
+                                           extravars=extravars, tags=[VERIFY_TAG],
+                                           on_event=on_event, timeout=timeout,
+                                           keep_artifacts=keep_artifacts)
+    by_host = {}
+    for host in collector.hosts():
+        by_host[host] = WeightsCheck.from_fact(
+            host, collector.facts.get(host, {}).get("model_weights_integrity"))
+    return _build(VerifyResult, runner, collector, info, check, weights_by_host=by_host)
 
 
 def saved_sweeps(inventory) -> Dict[str, SweepSummary]:

@@ -1,4 +1,4 @@
-"""vllm-deploy: deploy | sweep | status | report, with a progress display (rich) or --json.
+"""vllm-deploy: deploy | sweep | status | verify | report, with a progress display (rich) or --json.
 
 Exit codes: 0 everything ok; 1 a host failed or was unreachable; 2 usage error (bad
 arguments, missing inventory, unknown tag or profile, Ansible not installed).
@@ -89,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--duration", type=int, help="seconds per level")
     st = sub.add_parser("status", help="service state, health, served model, versions")
     common(st)
+    v = sub.add_parser("verify", help="hash every weight file; repair what fails")
+    common(v)
     r = sub.add_parser("report", help="table of the sweep results saved in the inventory")
     common(r, run=False)
     return ap
@@ -184,6 +186,24 @@ def render_status(console, result) -> None:
     _print_failures(console, result.failures)
 
 
+def render_verify(console, result) -> None:
+    from rich.table import Table
+    t = Table(title="verify weights: %s (%.0f s)" % (result.status, result.duration_s))
+    for col in ("host", "files hashed", "GB hashed", "MB/s", "damaged", "repaired",
+                "bytes fetched", "ok"):
+        t.add_column(col)
+    for host, w in sorted(result.weights_by_host.items()):
+        if not w.checked:
+            t.add_row(host, "-", "-", "-", "-", "-", "-", "not checked")
+            continue
+        t.add_row(host, str(w.files_hashed), "%.2f" % (w.bytes_hashed / 1e9),
+                  "%.1f" % w.hash_mb_per_s if w.hash_mb_per_s is not None else "-",
+                  ", ".join(sorted(w.damaged)) or "-", ", ".join(w.repaired) or "-",
+                  str(w.bytes_fetched), "yes" if w.ok else "no")
+    console.print(t)
+    _print_failures(console, result.failures)
+
+
 def render_sweeps(console, sweeps) -> None:
     from rich.table import Table
     if not sweeps:
@@ -242,6 +262,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             elif args.cmd == "sweep":
                 result = api.sweep(args.inventory, levels=_split(args.levels),
                                    duration_s=args.duration, extravars=extravars, **kw)
+            elif args.cmd == "verify":
+                result = api.verify(args.inventory, extravars=extravars, **kw)
             else:
                 result = api.status(args.inventory, extravars=extravars, **kw)
     except (UsageError, AnsibleNotAvailable) as exc:
@@ -256,6 +278,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     elif args.cmd == "status":
         render_status(out, result)
+    elif args.cmd == "verify":
+        render_verify(out, result)
     else:
         render_run(out, result)
         if args.cmd == "sweep":

@@ -317,3 +317,52 @@ class SweepResult(RunResult):
 @dataclass
 class StatusResult(RunResult):
     status_by_host: Dict[str, HostStatus] = field(default_factory=dict)
+
+
+@dataclass
+class WeightsCheck(_ToDict):
+    """One host's weights check (the model_weights_integrity fact of vllm_ops.deploy.deploy
+    run with --tags model_weights_verify): what was hashed and how fast, what was damaged,
+    what was repaired (fetched from the Hub or copied from the fan-out source again)."""
+    host: str
+    checked: bool
+    hashes_verified: bool = False
+    files_hashed: int = 0
+    bytes_hashed: int = 0
+    hash_mb_per_s: Optional[float] = None
+    hash_workers: Optional[int] = None
+    damaged: Dict[str, str] = field(default_factory=dict)
+    repaired: List[str] = field(default_factory=list)
+    bytes_fetched: int = 0
+    manifest_invalidated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """Every file hashed right (after repairs)."""
+        return self.checked and self.hashes_verified
+
+    @classmethod
+    def from_fact(cls, host: str, fact: Optional[dict]) -> "WeightsCheck":
+        if not isinstance(fact, dict) or not fact:
+            return cls(host=host, checked=False)
+        h = fact.get("hash") or {}
+        return cls(host=host, checked=True, hashes_verified=bool(fact.get("hashes_verified")),
+                   files_hashed=_num(h.get("files"), int) or 0,
+                   bytes_hashed=_num(h.get("bytes"), int) or 0,
+                   hash_mb_per_s=_num(h.get("mb_per_s"), float),
+                   hash_workers=_num(h.get("workers"), int),
+                   damaged=dict((str(k), str(v)) for k, v in (fact.get("damaged") or {}).items()),
+                   repaired=[str(x) for x in fact.get("repaired") or []],
+                   bytes_fetched=_num(fact.get("bytes_fetched"), int) or 0,
+                   manifest_invalidated=bool(fact.get("manifest_invalidated")))
+
+    def to_dict(self):
+        out = super().to_dict()
+        out["ok"] = self.ok
+        return out
+
+
+@dataclass
+class VerifyResult(RunResult):
+    weights_by_host: Dict[str, WeightsCheck] = field(default_factory=dict)
+

@@ -248,3 +248,60 @@ def test_exit_codes():
     assert cli.exit_code(result(2, "failed")) == 1
     assert cli.exit_code(result(4, "failed")) == 1
     assert cli.exit_code(result(0, "canceled")) == 1
+
+
+# --------------------------------------------------------------------- verify
+def test_verify_tag_is_known_and_selects_the_weights_and_the_service(inventory):
+    """--tags model_weights_verify (what verify() runs) lists the model_weights tasks, the
+    task that turns hashing on for every file (tagged never: no other run has it), and the
+    service role (its handler restarts vLLM after a repair), and nothing of the other roles."""
+    import subprocess
+    tags = runner.known_tags(ROOT, os.path.join(ROOT, "playbooks", "deploy.yml"))
+    assert "model_weights_verify" in tags
+    playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+
+    def listed(*extra):
+        out = subprocess.run([playbook, "-i", inventory, "--list-tasks",
+                              os.path.join(ROOT, "deploy.yml")] + list(extra),
+                             capture_output=True, text=True, cwd=ROOT, timeout=120,
+                             env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg")))
+        assert out.returncode == 0, out.stderr
+        # the roles' argument checks are tagged always: they run with any tag
+        return "\n".join(line for line in out.stdout.splitlines()
+                         if "Validating arguments against arg spec" not in line)
+    verify = listed("--tags", "model_weights_verify")
+    assert "model_weights : Hash every file in this run" in verify
+    assert "model_weights : Verify the weights against the manifest" in verify
+    assert "vllm_service : " in verify
+    assert "host_prep : " not in verify and "vllm_install : " not in verify
+    assert "vllm_benchmark : " not in verify
+    full = listed()
+    assert "model_weights : Verify the weights against the manifest" in full
+    assert "Hash every file in this run" not in full
+
+
+def test_weights_check_from_the_integrity_fact():
+    from vllm_deploy.results import VerifyResult, WeightsCheck
+    fact = {"hash": {"files": 11, "bytes": 26000000, "elapsed_s": 0.05, "mb_per_s": 520.0,
+                     "workers": 2, "passes": 2},
+            "hashes_verified": True, "damaged": {"model.safetensors": "sha256 0b.., expected 72.."},
+            "repaired": ["model.safetensors"], "bytes_fetched": 4000000,
+            "manifest_invalidated": True}
+    w = WeightsCheck.from_fact("h1", fact)
+    assert w.ok and w.files_hashed == 11 and w.hash_mb_per_s == 520.0
+    assert w.repaired == ["model.safetensors"] and w.bytes_fetched == 4000000
+    assert w.to_dict()["ok"] is True and w.to_dict()["damaged"] == fact["damaged"]
+    assert not WeightsCheck.from_fact("h2", {}).checked  # source: local, nothing to hash
+    assert not WeightsCheck.from_fact("h2", None).ok
+    bad = WeightsCheck.from_fact("h3", dict(fact, hashes_verified=False, repaired=[]))
+    assert not bad.ok
+    r = VerifyResult(playbook="p", rc=0, status="successful", hosts={}, failures=[],
+                     duration_s=1.0, weights_by_host={"h1": w})
+    assert r.to_dict()["weights_by_host"]["h1"]["bytes_fetched"] == 4000000
+
+
+def test_cli_verify(tmp_path, inventory, capsys):
+    assert cli.main(["verify", "-i", str(tmp_path / "missing.yml")]) == 2
+    assert "inventory not found" in capsys.readouterr().err
+    args = cli.build_parser().parse_args(["verify", "-i", inventory, "--limit", "vd-demo-1"])
+    assert args.cmd == "verify" and args.limit == "vd-demo-1"
