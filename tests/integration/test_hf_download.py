@@ -209,6 +209,104 @@ def test_verify_noop_and_repair(hub, tmp_path):
     assert len(resolve_gets(hub, SHARDS[1])) == gets + 1
 
 
+def flip_byte(path, offset=None):
+    """Flip one byte (the middle one by default) in place: size and mtime unchanged, as bit rot
+    or a bad copy leaves a file."""
+    st = os.stat(str(path))
+    offset = st.st_size // 2 if offset is None else offset
+    with open(str(path), "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
+    os.utime(str(path), ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.path.getsize(str(path)) == st.st_size
+
+
+def test_same_size_damage_detected_invalidates_and_is_repaired(hub, model_dir, tmp_path):
+    """Issue 21 against the real hub: a flipped byte passes the cheap check; a hash check finds
+    it, a failed check marks the manifest invalid so the next default run hashes the file again
+    and repairs it in the same run (that file alone fetched, byte-identical again); a small
+    file is checked by its git blob sha1."""
+    dest = tmp_path / "w"
+    args = base_args(hub, dest, allow_patterns=["*.json", "*.safetensors"])
+    first = run_module(args)
+    assert first.get("failed") is not True, first.get("msg")
+    assert first["hashes_verified"] and first["hash"]["files"] == len(first["files"])
+    assert first["hash"]["bytes"] == first["bytes"] and first["hash"]["mb_per_s"] > 0
+    shard = SHARDS[1]
+    flip_byte(dest / shard)
+    before = len(requests_seen(hub))
+    # the cheap default check (sizes, commit, no .incomplete) cannot see it, and says so by
+    # hashing nothing
+    cheap = run_module(args)
+    assert cheap["changed"] is False and cheap["verified"] and cheap["hash"] is None
+    assert len(requests_seen(hub)) == before
+    # hashing finds it; with on_damage=fail nothing is fetched and the manifest turns invalid
+    failed = run_module(dict(args, verify_hashes=True, on_damage="fail"))
+    assert failed["failed"] and failed["manifest_invalidated"], failed
+    assert ("%s: sha256 %s, expected %s" % (shard, hashlib.sha256(
+        (dest / shard).read_bytes()).hexdigest(), sha256(model_dir / shard))) in failed["msg"]
+    manifest = json.loads((dest / ".hf-manifest.json").read_text())
+    assert list(manifest["invalid"]["files"]) == [shard] and not manifest["hashes_verified"]
+    assert len(requests_seen(hub)) == before
+    gets = len(resolve_gets(hub, shard))
+    # the next default run does not trust the manifest: it hashes the flagged file and repairs it
+    fixed = run_module(args)
+    assert fixed.get("failed") is not True, fixed.get("msg")
+    assert fixed["changed"] and fixed["verified"] and fixed["hashes_verified"]
+    assert fixed["repaired"] == [shard] and list(fixed["damaged"]) == [shard]
+    assert fixed["bytes_fetched"] == os.path.getsize(str(model_dir / shard))
+    assert sha256(dest / shard) == sha256(model_dir / shard)
+    assert len(resolve_gets(hub, shard)) == gets + 1
+    for other in SHARDS[:1] + SHARDS[2:]:
+        assert len(resolve_gets(hub, other)) == 1, other  # only the damaged file again
+    manifest = json.loads((dest / ".hf-manifest.json").read_text())
+    assert manifest["invalid"] is None and manifest["hashes_verified"]
+    # a shard and a small file damaged; verify_hashes repairs both in one run (git blob sha1)
+    flip_byte(dest / SHARDS[0])
+    flip_byte(dest / "tokenizer_config.json", offset=3)
+    both = run_module(dict(args, verify_hashes=True))
+    assert both.get("failed") is not True, both.get("msg")
+    assert both["repaired"] == sorted([SHARDS[0], "tokenizer_config.json"])
+    assert "git blob sha1" in both["damaged"]["tokenizer_config.json"]
+    assert both["bytes_fetched"] == os.path.getsize(str(model_dir / SHARDS[0])) + \
+        os.path.getsize(str(model_dir / "tokenizer_config.json"))
+    for f in both["files"]:
+        assert sha256(dest / f) == sha256(model_dir / f), f
+    # a check that finds nothing changes nothing
+    clean = run_module(dict(args, verify_hashes=True))
+    assert clean["changed"] is False and clean["hash"]["files"] == len(clean["files"])
+    assert clean["repaired"] == [] and clean["bytes_fetched"] == 0
+
+
+def test_copy_checked_against_its_source_manifest(hub, tmp_path):
+    """A copy (fan-out, shared storage) checked offline against the source's manifest: same-size
+    damage is reported (on_damage=report) for the caller to copy again, and the copy's own
+    manifest is invalid until a check passes."""
+    src = tmp_path / "src"
+    assert run_module(base_args(hub, src, allow_patterns=["*.safetensors"]))["downloaded"]
+    copy = tmp_path / "copy"
+    shutil.copytree(str(src), str(copy))
+    os.remove(str(copy / ".hf-manifest.json"))
+    source_manifest = json.loads((src / ".hf-manifest.json").read_text())
+    check = {"local_dir": str(copy), "offline": True, "source_manifest": source_manifest,
+             "on_damage": "report"}
+    flip_byte(copy / SHARDS[2])
+    before = len(requests_seen(hub))
+    first = run_module(check)  # a first check of a copy hashes every file
+    assert first.get("failed") is not True, first.get("msg")
+    assert first["verified"] is False and list(first["damaged"]) == [SHARDS[2]]
+    assert first["hash"]["files"] == len(SHARDS) and first["manifest_invalidated"]
+    assert json.loads((copy / ".hf-manifest.json").read_text())["invalid"]
+    shutil.copy2(str(src / SHARDS[2]), str(copy / SHARDS[2]))  # what the role's rsync does
+    again = run_module(dict(check, on_damage="fail"))  # the flagged file is hashed again
+    assert again.get("failed") is not True, again.get("msg")
+    # no full hash pass has passed on this copy yet: every file is hashed again
+    assert again["verified"] and again["hash"]["files"] == len(SHARDS) and again["damaged"] == {}
+    assert len(requests_seen(hub)) == before
+
+
 def test_offline_verifies_against_the_manifest_without_network(hub, tmp_path):
     """offline=true (the role's `path` source and fan-out copies): the manifest proves the
     files or the module fails naming why; never a Hub call, never a write."""
