@@ -305,3 +305,20 @@ def test_cli_verify(tmp_path, inventory, capsys):
     assert "inventory not found" in capsys.readouterr().err
     args = cli.build_parser().parse_args(["verify", "-i", inventory, "--limit", "vd-demo-1"])
     assert args.cmd == "verify" and args.limit == "vd-demo-1"
+
+
+def test_cli_verify_table_names_damage_and_repairs():
+    from rich.console import Console
+    from vllm_deploy.results import VerifyResult, WeightsCheck
+    w = WeightsCheck.from_fact("gpu-2", {
+        "hash": {"files": 3, "bytes": 3000000000, "mb_per_s": 1500.0, "workers": 3},
+        "hashes_verified": True, "damaged": {"extra/shard-00001.bin": "sha256 a, expected b"},
+        "repaired": ["extra/shard-00001.bin"], "bytes_fetched": 1999999})
+    r = VerifyResult(playbook="vllm_ops.deploy.deploy", rc=0, status="successful", hosts={},
+                     failures=[], duration_s=12.0,
+                     weights_by_host={"gpu-2": w, "gpu-3": WeightsCheck.from_fact("gpu-3", {})})
+    console = Console(record=True, width=200)
+    cli.render_verify(console, r)
+    text = console.export_text()
+    assert "extra/shard-00001.bin" in text and "1999999" in text and "1500.0" in text
+    assert "3.00" in text and "not checked" in text
