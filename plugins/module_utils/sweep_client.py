@@ -724,8 +724,8 @@ class LevelState(object):
             self.failed += 1
             ok = len(self.records) - self.failed
             if self.failed >= max(10, self.conc) and self.failed > ok:
-                self.aborted = "aborted: %d of %d requests failed" % (self.failed,
-                                                                       len(self.records))
+                self.aborted = "aborted: %d of %d requests failed" % (
+                    self.failed, len(self.records))
                 self.stop, self.stopped_by = True, "aborted"
                 if self.w0 is not None:
                     self.w1 = rec.end
@@ -756,8 +756,8 @@ class LevelState(object):
         out_tokens = sum(r.completion_tokens or 0 for r in ok)
         prec = precision(self.records, self.w0, rec.end, measured, out_tokens / elapsed)
         self.last_precision = prec
-        widths = [(prec.get(k) or {}).get("half_width_pct") for k in ("output_tok_s",
-                                                                        "ttft_ms_p50")]
+        widths = [(prec.get(k) or {}).get("half_width_pct")
+                  for k in ("output_tok_s", "ttft_ms_p50")]
         if all(w is not None and w <= target for w in widths):
             self.stop, self.w1, self.stopped_by = True, rec.end, "precision_pct"
 
