@@ -484,6 +484,7 @@ class Sweep(object):
             elif msg[0] == "error" and not done.done():
                 done.set_exception(SweepError("load-generator process %d: %s" % (i, msg[1])))
 
+        gc_parent = _gc_quiet(self.p)
         first = 0
         for i, conn in enumerate(pool.conns):
             conn.send(("level", conc, shares[i], first, "%d/%d/%d" % (self.seed, conc, i)))
@@ -494,6 +495,7 @@ class Sweep(object):
         finally:
             for conn in pool.conns:
                 loop.remove_reader(conn.fileno())
+            _gc_restore(gc_parent)
         level_end = time.perf_counter()
         after = await self.scrape()
         w0, w1 = state.window(level_start)
