@@ -41,8 +41,8 @@ beyond the noise").
 
 ``compare_levels(candidate_levels, baseline_levels, metrics=DEFAULT_METRICS, tolerance=...)``
 applies ``compare`` to every concurrency both sweeps ran, for each metric (output tok/s,
-higher is better; TTFT p50, lower is better), taking each level's ``precision`` intervals when
-present, else its repeats (``repeats``), else the bare number. It returns per-level rows and an
+higher is better; TTFT p50, lower is better), taking each level's repeats (``repeats``, when
+run at least twice), else its ``precision`` interval, else the bare number. It returns per-level rows and an
 overall verdict: ``worse`` if any row is worse, else ``better`` if any is better, else ``tie``.
 
 ``median_interval(values, confidence)`` (distribution-free interval of a median from its
@@ -325,14 +325,16 @@ def _dig(level, path):
 
 
 def level_measurement(level, path, precision_key):
-    """A sweep level's figure as a measurement: its ``precision`` interval when present, else
-    its ``repeats`` values, else the bare number (None when the level lacks the figure)."""
+    """A sweep level's figure as a measurement: its ``repeats`` values when it was run at
+    least twice (the spread across runs includes drift between them), else its
+    ``precision`` interval (from the request log of one run), else the bare number (None
+    when the level lacks the figure)."""
+    reps = [x for x in ((level.get("repeats") or {}).get(precision_key) or ()) if x is not None]
+    if len(reps) >= 2:
+        return {"repeats": reps}
     prec = (level.get("precision") or {}).get(precision_key)
     if isinstance(prec, dict) and prec.get("value") is not None:
         return prec
-    reps = (level.get("repeats") or {}).get(precision_key)
-    if reps:
-        return {"repeats": reps}
     return _dig(level, path)
 
 

@@ -195,6 +195,14 @@ options:
         10% of the window so far), after I(duration_s) and I(min_requests) are met, or until
         I(max_duration_s).
     type: float
+  repeats:
+    description:
+      - Run each level this many times back to back. The level's summary is its first run's,
+        plus C(repeats) (output tok/s, TTFT p50 and the whole-run figures of every run) and
+        C(precision_repeats) (their 95% t-intervals across runs, which also cover drift
+        between runs). The request log marks each request's run (C(repeat)).
+    type: int
+    default: 1
   max_duration_s:
     description: Cap on a level's window with I(precision_pct), seconds. Default 10 x I(duration_s).
     type: float
@@ -333,6 +341,7 @@ def main():
             chunk_usage=dict(type="bool", default=False),
             event_loop=dict(type="str", default="auto", choices=["auto", "asyncio", "uvloop"]),
             processes=dict(type="int", default=1),
+            repeats=dict(type="int", default=1),
             precision_pct=dict(type="float"),
             max_duration_s=dict(type="float"),
             gc_during_level=dict(type="bool", default=False),

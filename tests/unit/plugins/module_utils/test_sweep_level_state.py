@@ -100,3 +100,26 @@ def test_new_parameters_are_checked(extra, needle):
     with pytest.raises(SweepError) as e:
         check_params(p)
     assert needle in str(e.value)
+
+
+def test_repeats_add_their_figures_and_intervals_across_runs():
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import (
+        repeats_summary)
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_compare import (
+        compare_levels)
+    runs = [{"output_tok_s": v, "ttft_ms": {"p50": t}, "requests_failed": 0,
+             "whole_run": {"output_tok_s": v * 0.9, "ttft_ms": {"median": t}},
+             "client": {"client_limited": False}}
+            for v, t in ((100.0, 10.0), (102.0, 10.5), (98.0, 9.5))]
+    out = repeats_summary(runs)
+    assert out["repeats"]["output_tok_s"] == [100.0, 102.0, 98.0]
+    iv = out["precision_repeats"]["output_tok_s"]
+    assert iv["value"] == 100.0 and iv["n"] == 3 and iv["df"] == 2
+    assert iv["ci_low"] < 100.0 < iv["ci_high"]
+    assert out["precision_repeats"]["whole_run_output_tok_s"]["value"] == pytest.approx(90.0)
+    # a level with repeats is compared by its repeats
+    a = dict(runs[0], concurrency=1, **out)
+    faster = dict(a, repeats=dict(out["repeats"], output_tok_s=[120.0, 121.0, 119.0]))
+    res = compare_levels([faster], [a])
+    row = [r for r in res["rows"] if r["metric"] == "output_tok_s"][0]
+    assert row["verdict"] == "better" and row["df"] is not None
