@@ -556,7 +556,7 @@ class Sweep(object):
                 msg = conn.recv()
             except (EOFError, OSError):
                 msg = ("stop",)
-            if msg[0] == "stop":
+            if msg[0] in ("stop", "quit"):  # quit: the parent gave up on the level
                 state["stop"] = True
 
         loop.add_reader(conn.fileno(), on_msg)
