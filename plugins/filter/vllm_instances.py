@@ -99,6 +99,15 @@ def vllm_instance_endpoints(instances, ready_results=None):
             for i in instances]
 
 
+def vllm_running_as_declared(declared, host_instances):
+    """The declared instances the host already runs exactly as declared (same command line,
+    active): what a tag run that skips vllm_service may measure or switch."""
+    host = dict(host_instances or {})
+    return [d for d in (declared or [])
+            if (host.get(d["name"]) or {}).get("argv") == list(d["argv"])
+            and (host.get(d["name"]) or {}).get("active_state") == "active"]
+
+
 class FilterModule(object):
     def filters(self):
         return {"vllm_resolve_instances": vllm_resolve_instances,
@@ -107,4 +116,5 @@ class FilterModule(object):
                 "vllm_transition_plan": vllm_transition_plan,
                 "vllm_downtime": vllm_downtime,
                 "vllm_gpu_memory_mib": vllm_gpu_memory_mib,
-                "vllm_instance_endpoints": vllm_instance_endpoints}
+                "vllm_instance_endpoints": vllm_instance_endpoints,
+                "vllm_running_as_declared": vllm_running_as_declared}

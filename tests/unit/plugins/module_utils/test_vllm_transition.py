@@ -171,3 +171,27 @@ def test_gpu_set_and_show_parsing():
     assert hs.gpu_set("0, 2") == [0, 2] and hs.gpu_set("") is None and hs.gpu_set("GPU-x") is None
     assert hs.parse_show("ActiveState=active\nMainPID=42\n") == {"ActiveState": "active",
                                                                  "MainPID": "42"}
+
+
+def test_running_as_declared_only_the_instances_the_host_runs_unchanged():
+    from ansible_collections.vllm_ops.deploy.plugins.filter.vllm_instances import (
+        vllm_running_as_declared)
+    decl = [declared("one", 8220), declared("two", 8221, extra=["--enforce-eager"]),
+            declared("three", 8222)]
+    host = {"one": on_host("one", 8220), "two": on_host("two", 8221),
+            "three": on_host("three", 8222, state="failed")}
+    assert [d["name"] for d in vllm_running_as_declared(decl, host)] == ["one"]
+    assert vllm_running_as_declared(decl, {}) == []
+
+
+def test_supported_os_list_is_bookworm_jammy_noble_with_their_pythons():
+    import yaml
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))))
+    with open(os.path.join(root, "roles", "host_prep", "defaults", "main.yml")) as f:
+        supported = yaml.safe_load(f)["host_prep_supported_os"]
+    assert supported == [{"distribution": "Debian", "version": "12", "python": "3.11"},
+                         {"distribution": "Ubuntu", "version": "22.04", "python": "3.10"},
+                         {"distribution": "Ubuntu", "version": "24.04", "python": "3.12"}]
+    # trixie (Debian 13, Python 3.13) has no torch wheels of the pinned CPU build: refused
+    assert not any(o["distribution"] == "Debian" and o["version"] == "13" for o in supported)
