@@ -72,9 +72,8 @@ def vllm_transition_plan(declared, host_instances, changed=None, restart_all=Non
 def vllm_downtime(ready_at, stopped_at, started, served_before):
     """{instance: seconds its endpoint did not serve, or None for one that did not serve
     before}; ready_at maps each started instance to the controller time it answered."""
-    return _tx.downtime(float(stopped_at), dict((k, float(v)) for k, v in (ready_at or {}).items()
-                                                 if v is not None),
-                        list(started or []), list(served_before or []))
+    ready = dict((k, float(v)) for k, v in (ready_at or {}).items() if v is not None)
+    return _tx.downtime(float(stopped_at), ready, list(started or []), list(served_before or []))
 
 
 def vllm_gpu_memory_mib(gpu_facts, gpus=None):
