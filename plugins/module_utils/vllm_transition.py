@@ -87,6 +87,10 @@ def env_changes(old, new):
     return out
 
 
+def _secret(key, redact):
+    return redact({key: "x"}).get(key) != "x"
+
+
 def _units(names, by_name):
     return set(by_name[n]["unit"] for n in names if n in by_name)
 
@@ -126,8 +130,13 @@ def plan(declared, host, changed, restart_all=None, remove_undeclared=True, list
         else:
             if name in changed:
                 what = argv_changes(on_host.get("argv") or [], d["argv"])
-                what += ["environment " + c for c in
-                         env_changes(on_host.get("env") or {}, redact(dict(d.get("env") or {})))]
+                # secrets (the API key, the HF token) are added to the file by its template and
+                # never shown: a change of one is named "environment settings" below
+                old_env = dict((k, v) for k, v in (on_host.get("env") or {}).items()
+                               if not _secret(k, redact))
+                new_env = dict((k, v) for k, v in dict(d.get("env") or {}).items()
+                               if not _secret(k, redact))
+                what += ["environment " + c for c in env_changes(old_env, new_env)]
                 if not what:
                     what = ["%s settings" % " and ".join(changed[name])]
                 reasons.append("; ".join(what))

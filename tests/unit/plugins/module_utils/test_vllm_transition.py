@@ -58,6 +58,19 @@ def test_environment_change_is_named_and_secrets_stay_hidden():
     assert "s3cret" not in repr(p)
 
 
+def test_secrets_the_template_adds_are_not_a_named_change():
+    # the env file holds VLLM_API_KEY and HF_TOKEN besides the declared env
+    decl = [declared("one", 8220, env={"X": "2"})]
+    host = {"one": on_host("one", 8220, env={"VLLM_API_KEY": hs.REDACTED, "HF_TOKEN": hs.REDACTED,
+                                             "X": "1"})}
+    p = tx.plan(decl, host, {"one": ["environment"]}, redact=hs.redact)
+    assert p["changes"] == ["instance one: environment X=1 -> 2"]
+    # only a secret changed: the environment file changed, named without the value
+    host["one"]["env"]["X"] = "2"
+    p = tx.plan(decl, host, {"one": ["environment"]}, redact=hs.redact)
+    assert p["changes"] == ["instance one: environment settings"] and p["start"] == ["one"]
+
+
 def test_restart_all_restarts_every_instance():
     decl = [declared("one", 8220), declared("two", 8221)]
     host = {"one": on_host("one", 8220), "two": on_host("two", 8221)}
