@@ -36,8 +36,12 @@ class ActionModule(ActionBase):
             result.update(failed=True, msg="timeout_s and progress_s must be integers")
             return result
         if self._task.check_mode or total <= step:
+            start = time.monotonic()
             result.update(self._execute_module(module_name=_MODULE, module_args=args,
                                                task_vars=task_vars))
+            if result.get("ready"):
+                result.setdefault("elapsed_s", round(time.monotonic() - start, 1))
+                result["ready_at"] = round(time.time(), 3)
             return result
 
         host = task_vars.get("inventory_hostname", "?")
@@ -56,6 +60,8 @@ class ActionModule(ActionBase):
             if res.get("failed") or res.get("skipped") or res.get("ready") is not False:
                 if res.get("ready"):
                     res["elapsed_s"] = round(time.monotonic() - start, 1)
+                    # controller clock (epoch s) when it answered: the transition's downtime
+                    res["ready_at"] = round(time.time(), 3)
                 result.update(res)
                 return result
             baseline = res.get("restarts_baseline", baseline)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.vllm_ops.deploy.plugins.module_utils import vllm_host_state as _hs
 from ansible_collections.vllm_ops.deploy.plugins.module_utils import vllm_instances as _vi
+from ansible_collections.vllm_ops.deploy.plugins.module_utils import vllm_transition as _tx
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_profile import ProfileError
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.vllm_profiles import load_profile
 
@@ -36,9 +38,42 @@ def vllm_resolve_instances(instances, defaults, profile_dirs=None, gpu_count=Non
     return {"instances": resolved, "errors": errors}
 
 
-def vllm_model_max_len(config):
-    """max_position_embeddings of a parsed config.json (None when it has none)."""
-    return _vi.model_max_len(config)
+def vllm_model_max_len(config, tokenizer_config=None):
+    """The longest max_model_len vLLM accepts for a parsed config.json (and tokenizer_config.json),
+    derived as vLLM derives it (None when the config names no length)."""
+    return _vi.model_max_len(config, tokenizer_config)
+
+
+def vllm_model_limits(configs, tokenizer_configs=None):
+    """{model_dir: limit} for {model_dir: parsed config.json} and {model_dir: parsed
+    tokenizer_config.json} (the directories whose config names a length)."""
+    toks = dict(tokenizer_configs or {})
+    out = {}
+    for model_dir, cfg in dict(configs or {}).items():
+        limit = _vi.model_max_len(cfg, toks.get(model_dir))
+        if limit:
+            out[model_dir] = limit
+    return out
+
+
+def vllm_transition_plan(declared, host_instances, changed=None, restart_all=None,
+                         remove_undeclared=True, listeners=None):
+    """What vllm_service's transition does on a host (see module_utils/vllm_transition.plan):
+    which instances start, are written, stopped first, removed or kept, what a rollback
+    restores, one line per change, and the refusals (ports, GPU sets of kept instances)."""
+    if not isinstance(declared, list):
+        raise AnsibleFilterError("vllm_transition_plan: expected the resolved instances, got %r"
+                                 % (declared,))
+    return _tx.plan(declared, dict(host_instances or {}), dict(changed or {}),
+                    list(restart_all or []), bool(remove_undeclared), dict(listeners or {}),
+                    redact=_hs.redact)
+
+
+def vllm_downtime(ready_at, stopped_at, started, served_before):
+    """{instance: seconds its endpoint did not serve, or None for one that did not serve
+    before}; ready_at maps each started instance to the controller time it answered."""
+    ready = dict((k, float(v)) for k, v in (ready_at or {}).items() if v is not None)
+    return _tx.downtime(float(stopped_at), ready, list(started or []), list(served_before or []))
 
 
 def vllm_gpu_memory_mib(gpu_facts, gpus=None):
@@ -63,9 +98,22 @@ def vllm_instance_endpoints(instances, ready_results=None):
             for i in instances]
 
 
+def vllm_running_as_declared(declared, host_instances):
+    """The declared instances the host already runs exactly as declared (same command line,
+    active): what a tag run that skips vllm_service may measure or switch."""
+    host = dict(host_instances or {})
+    return [d for d in (declared or [])
+            if (host.get(d["name"]) or {}).get("argv") == list(d["argv"])
+            and (host.get(d["name"]) or {}).get("active_state") == "active"]
+
+
 class FilterModule(object):
     def filters(self):
         return {"vllm_resolve_instances": vllm_resolve_instances,
                 "vllm_model_max_len": vllm_model_max_len,
+                "vllm_model_limits": vllm_model_limits,
+                "vllm_transition_plan": vllm_transition_plan,
+                "vllm_downtime": vllm_downtime,
                 "vllm_gpu_memory_mib": vllm_gpu_memory_mib,
-                "vllm_instance_endpoints": vllm_instance_endpoints}
+                "vllm_instance_endpoints": vllm_instance_endpoints,
+                "vllm_running_as_declared": vllm_running_as_declared}

@@ -2,8 +2,10 @@
 
 /proc/net/tcp and /proc/net/tcp6 list every socket of the network namespace with its state
 (0A = LISTEN), local address and inode; /proc/<pid>/fd/* links to ``socket:[inode]`` name
-the process holding it. Hosts without iproute2 (minimal or air-gapped images) answer the
-same question. Pure Python, no Ansible: unit-tested directly.
+the process holding it, and /proc/<pid>/cgroup its systemd unit (so a port held by one of
+the role's own vLLM instances is told apart from another program). Hosts without iproute2
+(minimal or air-gapped images) answer the same question. Pure Python, no Ansible:
+unit-tested directly.
 """
 from __future__ import annotations
 
@@ -65,8 +67,27 @@ def socket_owners(proc="/proc"):
     return owners
 
 
+def unit_of(text):
+    """The systemd unit (``*.service``/``*.scope``) of a /proc/<pid>/cgroup text, or None."""
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1] if line.count(":") >= 2 else ""
+        for part in reversed(path.strip("/").split("/")):
+            if part.endswith((".service", ".scope")):
+                return part
+    return None
+
+
+def pid_unit(pid, proc="/proc"):
+    try:
+        with open(os.path.join(proc, str(pid), "cgroup")) as f:
+            return unit_of(f.read())
+    except OSError:
+        return None
+
+
 def listeners(ports, proc="/proc"):
-    """{port: [{'address', 'pid', 'process'}]} for each of ports (an empty list: free)."""
+    """{port: [{'address', 'pid', 'process', 'unit'}]} for each of ports (an empty list:
+    free); unit is the systemd unit of the process (None when unknown)."""
     wanted = {int(p) for p in ports}
     found = {p: [] for p in sorted(wanted)}
     sockets = []
@@ -80,11 +101,16 @@ def listeners(ports, proc="/proc"):
     owners = socket_owners(proc) if hits else {}
     for ip, port, inode in hits:
         pid, process = owners.get(inode, (None, None))
-        found[port].append({"address": ip, "pid": pid, "process": process})
+        found[port].append({"address": ip, "pid": pid, "process": process,
+                            "unit": pid_unit(pid, proc) if pid else None})
     return found
 
 
 def describe(entries):
-    """'python3 (pid 42) on 127.0.0.1, ...' for a port's listeners."""
-    return ", ".join("%s on %s" % ("%s (pid %s)" % (e["process"], e["pid"]) if e["pid"] else
-                                   "an unknown process", e["address"]) for e in entries)
+    """'python3 (pid 42, unit x.service) on 127.0.0.1, ...' for a port's listeners."""
+    def who(e):
+        if not e.get("pid"):
+            return "an unknown process"
+        unit = (", unit %s" % e["unit"]) if e.get("unit") else ""
+        return "%s (pid %s%s)" % (e["process"], e["pid"], unit)
+    return ", ".join("%s on %s" % (who(e), e["address"]) for e in entries)

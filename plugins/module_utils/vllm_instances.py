@@ -10,11 +10,13 @@ instances plus every refusal found, each naming the variable and the numbers:
 
 * unknown keys, bad names, names or ports used twice;
 * an unknown profile (listing the known ones);
-* overlapping GPU sets between GPU instances (an instance without CUDA_VISIBLE_DEVICES uses
-  every GPU, so it overlaps any other GPU instance);
+* overlapping GPU sets (cuda_visible_devices) between any two instances, whatever their
+  profile; between GPU instances an instance without CUDA_VISIBLE_DEVICES uses every GPU, so
+  it overlaps any other GPU instance;
 * tensor x pipeline x data above the GPUs the instance may use (its set, else the host's);
 * GPU indices the host does not have; a GPU profile on a host without GPUs;
-* max_model_len above the model's limit (max_position_embeddings of its config.json);
+* max_model_len above the model's limit, derived from its config.json (and
+  tokenizer_config.json) the way vLLM derives it (model_max_len);
 * conflicting flags, secrets in args/env, invalid profiles (from vllm_profile).
 
 Pure Python (no Ansible, no I/O: the profile loader is passed in); secrets are not handled
@@ -64,17 +66,61 @@ def parse_gpu_set(text):
     return out
 
 
-def model_max_len(config):
-    """max_position_embeddings of a parsed config.json (text_config first), or None."""
+# The keys vLLM (0.32, ModelArchConfigConvertor.derive_max_model_len_and_key) reads the
+# model's length from, the smallest one present winning; RoPE types whose max_position_embeddings
+# is already scaled (the factor is not applied again).
+MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                "model_max_length", "max_target_positions", "max_sequence_length",
+                "max_seq_length", "seq_len")
+ROPE_PRESCALED = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+def _number(value):
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0)
+
+
+def _rope_params(cfg):
+    params = cfg.get("rope_parameters")
+    if not isinstance(params, dict):
+        params = cfg.get("rope_scaling")  # the legacy key transformers converts
+    if not isinstance(params, dict) or not params:
+        return []
+    nested = [p for p in params.values() if isinstance(p, dict)]
+    if nested and len(nested) == len(params):  # one set per layer type
+        return [p for p in nested if p]
+    return [params]
+
+
+def model_max_len(config, tokenizer_config=None):
+    """The longest max_model_len vLLM accepts for a parsed config.json (and the model's
+    tokenizer_config.json), derived as vLLM 0.32 does (_get_and_verify_max_len): the smallest
+    of the length keys of the text config (model_max_length wins when set), capped by the
+    tokenizer's model_max_length, times the RoPE scaling factor unless the RoPE type is
+    already scaled (yarn, llama3, longrope, ...) or the model is a Gemma 3. None when the
+    config names no length (vLLM then assumes 2048 and only warns)."""
     if not isinstance(config, dict):
         return None
-    for cfg in (config.get("text_config"), config):
-        if isinstance(cfg, dict):
-            for key in ("max_position_embeddings", "max_sequence_length", "seq_length"):
-                value = cfg.get(key)
-                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                    return value
-    return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    found = [text[k] for k in MAX_LEN_KEYS if _number(text.get(k))]
+    if not found:
+        return None
+    derived = min(found)
+    if _number(text.get("model_max_length")):
+        derived = text["model_max_length"]
+    if isinstance(tokenizer_config, dict) and _number(tokenizer_config.get("model_max_length")):
+        derived = min(derived, tokenizer_config["model_max_length"])
+    params = _rope_params(text) or _rope_params(config)
+    model_type = str(config.get("model_type") or "")
+    if params and "gemma3" not in model_type:
+        factor = 1.0
+        for rp in params:
+            kind = rp.get("rope_type", rp.get("type"))
+            if kind not in ROPE_PRESCALED:
+                factor = rp.get("factor", factor)
+        if not _number(factor):
+            factor = 1.0
+        derived = derived * factor
+    return int(derived)
 
 
 def base_env(home):
@@ -285,13 +331,20 @@ def check_instances(resolved, gpu_count=None, model_limits=None):
         elif gpu_count is not None and inst["world_size"] > gpu_count:
             errors.append("%s: %s but the host has %d GPUs" % (label, layout, gpu_count))
 
-    for a_pos, a in enumerate(gpu_insts):
-        for b in gpu_insts[a_pos + 1:]:
+    # Overlapping GPU sets are refused whatever the profile: two instances that name the same
+    # GPU in cuda_visible_devices would share it (a CPU profile only means vLLM may not use it).
+    for a_pos, a in enumerate(resolved):
+        for b in resolved[a_pos + 1:]:
             if a["gpus"] is None or b["gpus"] is None:
-                errors.append("instances %s and %s both use GPUs and %s sets no "
-                              "cuda_visible_devices (= every GPU): give each instance its own "
-                              "GPU set" % (a["name"], b["name"],
-                                           a["name"] if a["gpus"] is None else b["name"]))
+                # no set = every GPU: it overlaps when that instance uses GPUs and the other
+                # one uses GPUs or names some
+                all_gpus = a if a["gpus"] is None else b
+                other = b if all_gpus is a else a
+                if all_gpus["gpu_required"] and (other["gpu_required"] or other["gpus"] is not None):
+                    errors.append("instances %s and %s both use GPUs and %s sets no "
+                                  "cuda_visible_devices (= every GPU): give each instance its "
+                                  "own GPU set" % (a["name"], b["name"],
+                                                   a["name"] if a["gpus"] is None else b["name"]))
                 continue
             shared = sorted(set(a["gpus"]) & set(b["gpus"]))
             if shared:
@@ -301,9 +354,11 @@ def check_instances(resolved, gpu_count=None, model_limits=None):
 
     for inst in resolved:
         limit = model_limits.get(inst["model_dir"])
-        if limit and inst["max_model_len"] and inst["max_model_len"] > limit:
+        allow_long = str((inst.get("env") or {}).get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "")) in ("1", "true")
+        if limit and inst["max_model_len"] and inst["max_model_len"] > limit and not allow_long:
             errors.append("instance %s: max_model_len %d is above the model's limit %d "
-                          "(max_position_embeddings in %s/config.json)"
+                          "(derived from %s/config.json as vLLM derives it; VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 "
+                          "in the instance's env lifts the limit)"
                           % (inst["name"], inst["max_model_len"], limit, inst["model_dir"]))
     return errors
 

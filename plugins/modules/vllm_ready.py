@@ -93,6 +93,10 @@ elapsed_s:
   description: Seconds from the first poll until the completion check passed.
   type: float
   returned: success
+ready_at:
+  description: Controller time (seconds since the epoch) when the checks passed (set by the action plugin).
+  type: float
+  returned: success
 models:
   description: Names listed by /v1/models.
   type: list

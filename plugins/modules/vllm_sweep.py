@@ -75,7 +75,9 @@ description:
     C(skipped=true) with no facts.
 options:
   base_url:
-    description: Base URL of the server, e.g. C(http://127.0.0.1:8000) (no C(/v1)).
+    description:
+      - Base URL of the server, e.g. C(http://127.0.0.1:8000); a trailing C(/v1) (or C(/v1/))
+        is accepted and dropped, so C(http://127.0.0.1:8000/v1) means the same server.
     type: str
     required: true
   model:
@@ -316,6 +318,14 @@ from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client impor
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import format_table
 
 
+def base_url(url):
+    """The server's base URL without a trailing / or /v1 (requests add /v1/...)."""
+    url = url.strip().rstrip("/")
+    if url.endswith("/v1"):
+        url = url[:-len("/v1")]
+    return url
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -349,6 +359,7 @@ def main():
         supports_check_mode=True,
     )
     params = dict(module.params)
+    params["base_url"] = base_url(params["base_url"])
     log_path = params.pop("request_log_path")
     try:
         check_params(params)

@@ -30,14 +30,14 @@ GOOD = {
 }
 
 
-def run_deploy(tmp_path, hostvars, group_vars=None):
+def run_deploy(tmp_path, hostvars, group_vars=None, args=()):
     inv = {"all": {"children": {"vllm_hosts": {"hosts": {"badhost": hostvars},
                                                "vars": dict(GOOD, **(group_vars or {}))}}}}
     path = tmp_path / "hosts.yml"
     path.write_text(yaml.safe_dump(inv))
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
                ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    out = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", str(path), PLAYBOOK],
+    out = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", str(path), PLAYBOOK] + list(args),
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
     return out.returncode, out.stdout + out.stderr
 
@@ -123,6 +123,40 @@ def test_missing_model_directory_is_refused(tmp_path):
     rc, out = run_deploy(tmp_path, LOCAL, {"model_weights_local_dir": str(tmp_path / "nope")})
     assert_refused_before_converge(rc, out)
     assert "model_weights_local_dir" in out
+
+
+def test_gpu_host_gpus_not_a_list_names_itself(tmp_path):
+    rc, out = run_deploy(tmp_path, LOCAL, {"gpu_host_gpus": 8})
+    assert_refused_before_converge(rc, out)
+    assert "gpu_host_gpus=8 must be a list" in out
+    # only the bad setting is named, not every gpu_host setting
+    assert "gpu_host_cuda_method" not in out and "gpu_host_nccl_profile" not in out
+
+
+def test_negative_ready_timeout_names_vllm_service_ready_timeout_s(tmp_path):
+    rc, out = run_deploy(tmp_path, LOCAL, {"vllm_service_ready_timeout_s": -5})
+    assert_refused_before_converge(rc, out)
+    assert "vllm_service_ready_timeout_s (which vllm_install_switch_timeout_s defaults to) > 0 " \
+           "(got -5)" in out
+
+
+def test_unsupported_os_release_is_refused_with_the_supported_list(tmp_path):
+    # This controller is Debian 12 with Python 3.11 (a supported release): a list without it
+    # makes it an unsupported one, as Debian 13 (trixie, Python 3.13) is by default.
+    rc, out = run_deploy(tmp_path, LOCAL, {"host_prep_supported_os": [
+        {"distribution": "Debian", "version": "13", "python": "3.13"},
+        {"distribution": "Ubuntu", "version": "24.04", "python": "3.12"}]})
+    assert_refused_before_converge(rc, out)
+    assert re.search(r"runs Debian 12[^\n]* \(bookworm\) with Python 3\.11: not supported", out), out
+    assert "host_prep_supported_os: Debian 13 with Python 3.13, Ubuntu 24.04 with Python 3.12" in out
+
+
+@pytest.mark.parametrize("tags", ["host_prep,model_weights", "vllm_benchmark", "flashinfer"])
+def test_a_tag_run_validates_first(tmp_path, tags):
+    rc, out = run_deploy(tmp_path, LOCAL, {"vllm_benchmark_levels": [1, 0, 4]},
+                         args=["--tags", tags])
+    assert_refused_before_converge(rc, out)
+    assert "vllm_benchmark_levels must be positive integers" in out
 
 
 def test_missing_ssh_key_is_named(tmp_path):

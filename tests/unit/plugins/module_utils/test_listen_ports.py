@@ -39,10 +39,12 @@ def test_real_listeners_of_this_process_are_found_with_their_owner():
     finally:
         for s in (s4, s6, idle):
             s.close()
-    assert found[p4] == [{"address": "127.0.0.1", "pid": os.getpid(), "process": found[p4][0]["process"]}]
+    assert found[p4] == [{"address": "127.0.0.1", "pid": os.getpid(), "process": found[p4][0]["process"],
+                          "unit": listen_ports.pid_unit(os.getpid())}]
     assert found[p6][0]["address"] == "::1" and found[p6][0]["pid"] == os.getpid()
     assert found[pi] == []
-    assert "(pid %d) on 127.0.0.1" % os.getpid() in listen_ports.describe(found[p4])
+    assert "(pid %d" % os.getpid() in listen_ports.describe(found[p4])
+    assert listen_ports.describe(found[p4]).endswith(" on 127.0.0.1")
 
 
 def test_a_closed_port_is_free():
@@ -51,3 +53,16 @@ def test_a_closed_port_is_free():
     port = s.getsockname()[1]
     s.close()
     assert listen_ports.listeners([port]) == {port: []}
+
+
+def test_the_unit_comes_from_the_cgroup_path():
+    # /proc/<pid>/cgroup of a vLLM server inside a test host (cgroup v2) and of a v1 host
+    assert listen_ports.unit_of("0::/system.slice/vllm-two.service\n") == "vllm-two.service"
+    assert listen_ports.unit_of("12:pids:/system.slice/ssh.service\n1:name=systemd:/system.slice/ssh.service\n") \
+        == "ssh.service"
+    assert listen_ports.unit_of("0::/user.slice/user-0.slice/session-3.scope\n") == "session-3.scope"
+    assert listen_ports.unit_of("0::/\n") is None
+    assert listen_ports.unit_of("") is None
+    described = listen_ports.describe([{"address": "0.0.0.0", "pid": 7, "process": "python3",
+                                        "unit": "vllm-a.service"}])
+    assert described == "python3 (pid 7, unit vllm-a.service) on 0.0.0.0"

@@ -375,3 +375,47 @@ def test_precision_grows_with_bursty_output():
     a = precision(steady, 2.0, 18.0, steady, 100.0)["output_tok_s"]
     b = precision(bursty, 2.0, 18.0, bursty, 100.0)["output_tok_s"]
     assert b["half_width_pct"] > 5 * a["half_width_pct"]
+
+# --- SLO boundaries: a latency equal to its SLO meets it; above it does not ---------------------
+# Exact binary fractions, so the boundary is exact: ttft 250 ms, e2e 1250 ms, 5 tokens ->
+# tpot (1250 - 250) / 4 = 250 ms.
+
+def exact_rec():
+    return rec(0.0, 1.25, ct=5, chunks=[0.25, 1.25], expected=5)
+
+
+@pytest.mark.parametrize("key,value", [("ttft_ms", 250.0), ("tpot_ms", 250.0), ("e2e_ms", 1250.0)])
+def test_slo_boundary_each_latency(key, value):
+    def level(slo):
+        return summarize_level([exact_rec()], 1, 0.0, 2.0, 5, slo={key: slo})
+    assert level(value)[key]["p99"] == value  # one request: p99 is its latency
+    at = level(value)          # equal: met (p99 > slo, not >=) and a good request
+    assert at["slo"] == {"met": True, "breaks": []}
+    assert at["goodput"] == {"request_s": 0.5, "output_tok_s": 2.5, "fraction": 1.0}
+    loose = level(value * 2)   # well within: met (a flipped comparison breaks it)
+    assert loose["slo"]["met"] is True and loose["goodput"]["fraction"] == 1.0
+    above = level(value - 0.5)  # just above the SLO: broken, and not good
+    assert above["slo"]["met"] is False
+    assert above["slo"]["breaks"] == ["%s p99 %.3f > SLO %.3f" % (key, value, value - 0.5)]
+    assert above["goodput"] == {"request_s": 0.0, "output_tok_s": 0.0, "fraction": 0.0}
+    tight = level(value / 2)   # far above: broken (a flipped comparison meets it)
+    assert tight["slo"]["met"] is False and tight["goodput"]["fraction"] == 0.0
+
+
+def test_goodput_needs_every_slo_and_counts_the_good_ones():
+    fast = rec(0.0, 1.25, ct=5, chunks=[0.25, 1.25], expected=5)     # tpot 250, e2e 1250
+    slow = rec(0.0, 1.75, ct=5, chunks=[0.25, 1.75], expected=5)     # tpot 375, e2e 1750
+    both = [fast, slow]
+    by_tpot = summarize_level(both, 2, 0.0, 2.0, 5, slo={"tpot_ms": 300})
+    assert by_tpot["goodput"]["fraction"] == 0.5 and by_tpot["goodput"]["request_s"] == 0.5
+    by_e2e = summarize_level(both, 2, 0.0, 2.0, 5, slo={"e2e_ms": 1500})
+    assert by_e2e["goodput"]["fraction"] == 0.5
+    # ttft of both meets, e2e of the slow one does not: it is not good
+    mixed = summarize_level(both, 2, 0.0, 2.0, 5, slo={"ttft_ms": 250, "e2e_ms": 1500})
+    assert mixed["goodput"]["fraction"] == 0.5 and mixed["goodput"]["output_tok_s"] == 2.5
+    assert summarize_level(both, 2, 0.0, 2.0, 5, slo={"tpot_ms": 375})["goodput"]["fraction"] == 1.0
+    # a request with one token has no TPOT: it cannot meet a TPOT SLO
+    one = rec(0.0, 0.5, ct=1, chunks=[0.5], expected=1)
+    s = summarize_level([one], 1, 0.0, 2.0, 1, slo={"tpot_ms": 1e9})
+    assert s["goodput"]["fraction"] == 0.0
+    assert s["slo"]["breaks"] == ["tpot_ms: no measured requests"]

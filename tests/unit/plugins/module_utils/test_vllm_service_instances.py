@@ -144,7 +144,8 @@ def test_max_model_len_above_the_model_limit():
                      profile_overrides={"max_model_len": 4096}),
         PROFILES, model_limits={"/srv/models/tiny": 2048})
     assert errors == ["instance main: max_model_len 4096 is above the model's limit 2048 "
-                      "(max_position_embeddings in /srv/models/tiny/config.json)"]
+                      "(derived from /srv/models/tiny/config.json as vLLM derives it; "
+                      "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 in the instance's env lifts the limit)"]
     _unused, errors = resolve_instances(
         [], defaults(profile="cpu-tiny", model_dir="/srv/models/tiny"),
         PROFILES, model_limits={"/srv/models/tiny": 2048})
@@ -213,3 +214,59 @@ def test_plain_args_refuse_role_flags_and_secret_values():
     _unused, errors = resolve_instances([], defaults(args=["--x", "hf_abcdefghijklmnopqrstuvwxyz"]),
                                         PROFILES)
     assert "looks like a token" in errors[0]
+
+
+def test_overlapping_gpu_sets_are_refused_whatever_the_profile():
+    # CPU profile: vLLM does not use the GPUs, but two instances naming the same GPU would
+    # share it the day the profile changes; refused like GPU instances (issue 16).
+    _unused, errors = resolve_instances(
+        [{"name": "a", "port": 8220, "cuda_visible_devices": "0,1"},
+         {"name": "b", "port": 8221, "cuda_visible_devices": "1,2"}],
+        defaults(profile="cpu-tiny"), PROFILES, gpu_count=0)
+    assert errors == ["instances a (GPUs 0,1) and b (GPUs 1,2) share GPU 1"]
+    # a GPU instance on every GPU and a CPU instance that names GPUs overlap too
+    _unused, errors = resolve_instances(
+        [{"name": "g", "port": 8001},
+         {"name": "c", "port": 8002, "profile": "cpu-tiny", "cuda_visible_devices": "3"}],
+        defaults(profile="minimax-m2.5-tp4"), PROFILES, gpu_count=8)
+    assert len(errors) == 1 and "g sets no cuda_visible_devices" in errors[0]
+    # disjoint sets, or CPU instances without sets, pass
+    insts, errors = resolve_instances(
+        [{"name": "a", "port": 8220, "cuda_visible_devices": "0"},
+         {"name": "b", "port": 8221, "cuda_visible_devices": "1"}, {"name": "c", "port": 8222}],
+        defaults(profile="cpu-tiny"), PROFILES, gpu_count=0)
+    assert errors == [] and len(insts) == 3
+
+
+def test_model_limit_is_derived_as_vllm_derives_it():
+    # the smallest length key wins; model_max_length in the config replaces it
+    assert model_max_len({"max_position_embeddings": 4096, "seq_length": 2048}) == 2048
+    assert model_max_len({"max_position_embeddings": 4096, "model_max_length": 8192}) == 8192
+    # the tokenizer's model_max_length caps it (huge placeholder values do not)
+    assert model_max_len({"max_position_embeddings": 2048}, {"model_max_length": 1024}) == 1024
+    assert model_max_len({"max_position_embeddings": 2048},
+                         {"model_max_length": 1000000000000000019884624838656}) == 2048
+    # linear/dynamic RoPE scaling multiplies it; yarn/llama3 are already scaled; gemma3 never
+    assert model_max_len({"max_position_embeddings": 4096,
+                          "rope_scaling": {"type": "linear", "factor": 4.0}}) == 16384
+    assert model_max_len({"max_position_embeddings": 4096,
+                          "rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}) == 8192
+    assert model_max_len({"max_position_embeddings": 131072,
+                          "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}) == 131072
+    assert model_max_len({"max_position_embeddings": 131072, "model_type": "llama",
+                          "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}) == 131072
+    assert model_max_len({"max_position_embeddings": 131072, "model_type": "gemma3_text",
+                          "rope_scaling": {"rope_type": "linear", "factor": 8.0}}) == 131072
+    # per layer type RoPE parameters (nested)
+    assert model_max_len({"max_position_embeddings": 1000,
+                          "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0},
+                                              "sliding_attention": {"rope_type": "default"}}}) == 2000
+
+
+def test_the_long_context_escape_hatch_lifts_the_limit():
+    _unused, errors = resolve_instances(
+        [], defaults(profile="cpu-tiny", model_dir="/srv/models/tiny",
+                     profile_overrides={"max_model_len": 4096},
+                     env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}),
+        PROFILES, model_limits={"/srv/models/tiny": 2048})
+    assert errors == []
