@@ -124,20 +124,33 @@ def check_duration(text, where):
     return text
 
 
+def _show(value):
+    """A value as the user wrote it: numbers given as strings (-e x=1.5) without quotes."""
+    if isinstance(value, str):
+        try:
+            float(value)
+            return value
+        except ValueError:
+            pass
+    return repr(value)
+
+
 def _number(value, where, minimum=None, maximum=None, integer=False):
     if isinstance(value, bool):
         raise MonitoringError("%s=%r is not a number" % (where, value))
     try:
-        num = int(value) if integer else float(value)
+        num = float(value)
     except (TypeError, ValueError):
-        raise MonitoringError("%s=%r is not a%s number" % (where, value,
+        raise MonitoringError("%s=%s is not a%s number" % (where, _show(value),
                                                            "n integer" if integer else ""))
-    if integer and float(value) != num:
-        raise MonitoringError("%s=%r is not an integer" % (where, value))
+    if integer:
+        if num != int(num):
+            raise MonitoringError("%s=%s is not an integer" % (where, _show(value)))
+        num = int(num)
     if minimum is not None and num < minimum:
-        raise MonitoringError("%s=%r must be >= %s" % (where, value, minimum))
+        raise MonitoringError("%s=%s must be >= %s" % (where, _show(value), minimum))
     if maximum is not None and num > maximum:
-        raise MonitoringError("%s=%r must be <= %s" % (where, value, maximum))
+        raise MonitoringError("%s=%s must be <= %s" % (where, _show(value), maximum))
     return num
 
 
