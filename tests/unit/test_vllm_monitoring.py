@@ -688,3 +688,25 @@ def test_role_defaults_cover_the_settings():
         spec = yaml.safe_load(f)["argument_specs"]["main"]["options"]
     assert sorted(spec) == sorted(defaults)
     assert defaults["vllm_monitoring_enabled"] is False
+
+
+# --- scripts/monitoring_snapshot.py (the PNG of the dashboard) ------------------------------
+
+def _snapshot():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "_test_monitoring_snapshot", os.path.join(ROOT, "scripts", "monitoring_snapshot.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_snapshot_draws_every_panel_but_the_gpu_ones():
+    snap = _snapshot()
+    drawn = snap.panels(vm.dashboard())
+    titles = [t for t, _u, _q in drawn]
+    assert "GPU utilisation" not in titles and "TTFT p50 / p90 / p99" in titles
+    assert len(drawn) == len([p for p in vm.dashboard()["panels"]
+                              if p["type"] != "row" and not p["vllm_deploy"]["requires_gpu"]])
+    assert snap.legend("{{host}}/{{ instance }} p99", {"host": "h1", "instance": "main"}) == "h1/main p99"
+    assert snap.scale("s") == (1000.0, "ms") and snap.scale("percentunit") == (100.0, "%")
