@@ -85,7 +85,17 @@ def main(argv=None):
         elif doc["data"]["result"]:
             true_now.append(r["name"])
 
-    summary = {"dashboard_queries": len(queries), "with_data": with_data,
+    targets = [{"job": t["labels"].get("job"), "instance": t["labels"].get("instance"),
+                "health": t["health"], "last_error": t.get("lastError", ""),
+                "last_scrape_duration_s": t.get("lastScrapeDuration"),
+                "last_scrape": t.get("lastScrape")}
+               for t in api(args.prometheus, "/api/v1/targets?state=active")["data"]["activeTargets"]]
+    history = {}
+    for name, expr in (("failed_scrapes_5m", "count_over_time((up == 0)[5m:5s])"),
+                       ("max_scrape_duration_s_5m", "max_over_time(scrape_duration_seconds[5m])")):
+        for r in api(args.prometheus, "/api/v1/query", expr)["data"]["result"]:
+            history.setdefault(r["metric"].get("job", "?"), {})[name] = r["value"][1]
+    summary = {"targets": targets, "history": history, "dashboard_queries": len(queries), "with_data": with_data,
                "gpu_panels_empty": sorted(set(gpu_empty)), "rules": len(rules),
                "alert_expressions": len(alerts), "alert_conditions_true": true_now,
                "problems": problems}
