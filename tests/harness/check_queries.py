@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """molecule/default: run every dashboard query, every rule and every alert expression against
 the real Prometheus (HTTP API) in one step; print a JSON summary, exit 1 naming each problem.
 

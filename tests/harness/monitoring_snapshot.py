@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Render the vllm-deploy dashboard's panels as one PNG from a real Prometheus (matplotlib):
 a screenshot-free picture of what the Grafana dashboard shows.
 

@@ -48,7 +48,7 @@ def promtool():
 
 def _run(promtool, *args, cwd=None):
     p = subprocess.run([promtool] + list(args), capture_output=True, text=True, cwd=cwd,
-                       timeout=120)
+                       timeout=120, check=False)
     return p.returncode, p.stdout + p.stderr
 
 
@@ -95,7 +95,7 @@ def test_every_instance_of_every_host_gets_a_target_with_its_labels():
     assert jobs["vllm-h1"]["static_configs"] == [{"targets": ["127.0.0.1:8000"], "labels": {
         "host": "h1", "instance": "main", "profile": "cpu-tiny", "model": "tiny-llama"}}]
     assert [g["targets"] for g in jobs["vllm-h2"]["static_configs"]] == [["10.0.0.2:8000"],
-                                                                          ["10.0.0.2:8001"]]
+                                                                         ["10.0.0.2:8001"]]
     assert [g["labels"]["instance"] for g in jobs["vllm-h2"]["static_configs"]] == ["mm-a", "mm-b"]
     # every host's job is relabelled job="vllm" (the rules and the dashboard select on it)
     for name in ("vllm-h1", "vllm-h2"):
@@ -108,7 +108,7 @@ def test_every_instance_of_every_host_gets_a_target_with_its_labels():
                                  "path": "/etc/prometheus/vllm-deploy/credentials/h1.token"}]
     assert SECRET not in json.dumps(p)
     assert [g["targets"] for g in jobs["node"]["static_configs"]] == [["127.0.0.1:9100"],
-                                                                       ["10.0.0.2:9100"]]
+                                                                      ["10.0.0.2:9100"]]
     assert sorted(t["key"] for t in p["targets"]) == [
         "node/h1/127.0.0.1:9100", "node/h2/10.0.0.2:9100", "prometheus/h1/127.0.0.1:9090",
         "vllm/h1/main", "vllm/h2/mm-a", "vllm/h2/mm-b"]
@@ -222,7 +222,7 @@ def test_no_hosts_or_server():
 def test_node_exporter_off():
     p = _plan([("h1", _hv())], node_exporter=False)
     assert [j["job_name"] for j in p["prometheus_config"]["scrape_configs"]] == ["prometheus",
-                                                                                  "vllm-h1"]
+                                                                                 "vllm-h1"]
     assert p["node_hosts"] == []
 
 
@@ -464,44 +464,44 @@ def test_alert_rules_fire_on_synthetic_series(promtool, tmp_path):
             {"eval_time": "90s", "alertname": "VLLMInstanceDown", "exp_alerts": []},
             {"eval_time": "3m", "alertname": "VLLMInstanceDown",
              "exp_alerts": [exp("VLLMInstanceDown", base, "vLLM instance main on h1 is down",
-                 "Prometheus could not scrape main (tiny-llama, profile cpu-tiny) on h1 for 1m: "
-                 "the server is stopped, crashed or still loading. Check systemctl status "
-                 "vllm-main and its journal.")]},
+                                "Prometheus could not scrape main (tiny-llama, profile cpu-tiny) on h1 for 1m: "
+                                "the server is stopped, crashed or still loading. Check systemctl status "
+                                "vllm-main and its journal.")]},
             {"eval_time": "4m", "alertname": "VLLMKVCacheNearlyFull", "exp_alerts": []},
             {"eval_time": "6m", "alertname": "VLLMKVCacheNearlyFull",
              "exp_alerts": [exp("VLLMKVCacheNearlyFull", {"host": "h1", "instance": "main"},
-                 "KV cache of main on h1 is 95% full",
-                 "KV-cache usage above 90% for 5m: new requests queue and running ones get "
-                 "preempted. Lower the concurrency, raise gpu_memory_utilization or add an "
-                 "instance.")]},
+                                "KV cache of main on h1 is 95% full",
+                                "KV-cache usage above 90% for 5m: new requests queue and running ones get "
+                                "preempted. Lower the concurrency, raise gpu_memory_utilization or add an "
+                                "instance.")]},
             {"eval_time": "12m", "alertname": "VLLMWaitingRequestsGrowing",
              "exp_alerts": [exp("VLLMWaitingRequestsGrowing", {"host": "h1", "instance": "main"},
-                 "48 requests waiting on main (h1) and the queue grows",
-                 "More than 5 requests waiting and the queue grew over 5m, for 5m: the offered "
-                 "load is above what the instance serves.")]},
+                                "48 requests waiting on main (h1) and the queue grows",
+                                "More than 5 requests waiting and the queue grew over 5m, for 5m: the offered "
+                                "load is above what the instance serves.")]},
             # every TTFT observation in (1 s, 10 s]: p99 9.91 s > the default SLO of 2 s
             {"eval_time": "12m", "alertname": "VLLMTTFTAboveSLO",
              "exp_alerts": [exp("VLLMTTFTAboveSLO", {"host": "h1", "instance": "main"},
-                 "TTFT p99 of main on h1 is 9.91s, above its SLO",
-                 "TTFT p99 over 5m above the SLO 2s (vllm_deploy:slo_ttft_seconds: recorded by "
-                 "the benchmark for this host, else vllm_monitoring_default_slo_ttft_ms) for 5m.")]},
+                                "TTFT p99 of main on h1 is 9.91s, above its SLO",
+                                "TTFT p99 over 5m above the SLO 2s (vllm_deploy:slo_ttft_seconds: recorded by "
+                                "the benchmark for this host, else vllm_monitoring_default_slo_ttft_ms) for 5m.")]},
             # every TPOT observation <= 10 ms: p99 9.9 ms < the default SLO of 100 ms
             {"eval_time": "12m", "alertname": "VLLMTPOTAboveSLO", "exp_alerts": []},
             {"eval_time": "12m", "alertname": "VLLMPreempting",
              "exp_alerts": [exp("VLLMPreempting", {"host": "h1", "instance": "main"},
-                 "main on h1 preempts requests",
-                 "Requests were preempted (KV cache exhausted) continuously for 10m; they are "
-                 "recomputed, which costs throughput and latency.")]},
+                                "main on h1 preempts requests",
+                                "Requests were preempted (KV cache exhausted) continuously for 10m; they are "
+                                "recomputed, which costs throughput and latency.")]},
             {"eval_time": "12m", "alertname": "GPUTemperatureHigh",
              "exp_alerts": [exp("GPUTemperatureHigh", {"job": "dcgm", "host": "h1", "gpu": "0"},
-                 "GPU 0 on h1 at 90 C",
-                 "GPU temperature above 85 C for 5m: check cooling; the GPU throttles.")]},
+                                "GPU 0 on h1 at 90 C",
+                                "GPU temperature above 85 C for 5m: check cooling; the GPU throttles.")]},
             {"eval_time": "15s", "alertname": "GPUXidError", "exp_alerts": []},
             {"eval_time": "45s", "alertname": "GPUXidError",
              "exp_alerts": [exp("GPUXidError", {"job": "dcgm", "host": "h1", "gpu": "1"},
-                 "XID 79 on GPU 1 of h1",
-                 "The driver reported XID error 79 (see NVIDIA's XID catalogue): "
-                 "48/63/64/74/79/94/95 usually mean the GPU or the server must be reset.")]},
+                                "XID 79 on GPU 1 of h1",
+                                "The driver reported XID error 79 (see NVIDIA's XID catalogue): "
+                                "48/63/64/74/79/94/95 usually mean the GPU or the server must be reset.")]},
             {"eval_time": "12m", "alertname": "NodeExporterDown", "exp_alerts": []},
         ],
     }]
@@ -680,7 +680,8 @@ def test_dcgm_unit_renders_and_passes_systemd_analyze(tmp_path):
                          % binary]
     unit = tmp_path / "dcgm-exporter.service"
     unit.write_text(text)
-    p = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+    p = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True,
+                       check=False)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "Unknown" not in p.stderr and "Invalid" not in p.stderr, p.stderr
 
