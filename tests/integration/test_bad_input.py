@@ -30,9 +30,10 @@ GOOD = {
 }
 
 
-def run_deploy(tmp_path, hostvars, group_vars=None, args=()):
-    inv = {"all": {"children": {"vllm_hosts": {"hosts": {"badhost": hostvars},
-                                               "vars": dict(GOOD, **(group_vars or {}))}}}}
+def run_deploy(tmp_path, hostvars, group_vars=None, args=(), children=None):
+    inv = {"all": {"children": dict({"vllm_hosts": {"hosts": {"badhost": hostvars},
+                                                    "vars": dict(GOOD, **(group_vars or {}))}},
+                                    **(children or {}))}}
     path = tmp_path / "hosts.yml"
     path.write_text(yaml.safe_dump(inv))
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
@@ -117,6 +118,19 @@ def test_non_positive_sweep_levels_are_refused(tmp_path):
     rc, out = run_deploy(tmp_path, LOCAL, {"vllm_benchmark_levels": [1, 0, 4]})
     assert_refused_before_converge(rc, out)
     assert "vllm_benchmark_levels must be positive integers" in out
+
+
+def test_bad_monitoring_settings_are_refused_naming_each(tmp_path):
+    # The host in the group vllm_monitoring switches monitoring on; both refusals at once.
+    rc, out = run_deploy(tmp_path, LOCAL, {
+        "vllm_monitoring_alert_kv_cache_usage_threshold": 1.5,
+        "vllm_monitoring_node_exporter_listen_address": "127.0.0.1:8999"},
+        children={"vllm_monitoring": {"hosts": {"badhost": None}}})
+    assert_refused_before_converge(rc, out)
+    assert "vllm_monitoring_alert_kv_cache_usage_threshold=1.5 must be <= 1.0" in out
+    assert ("node exporter (vllm_monitoring_node_exporter_listen_address) port 8999 is also "
+            "the port of vLLM instance main") in out
+    assert "PLAY [Monitor the vLLM instances" not in out
 
 
 def test_missing_model_directory_is_refused(tmp_path):

@@ -7,6 +7,9 @@ import yaml
 UNIT = "vllm-main.service"
 PORT = 8201
 MODEL = "tiny-llama"
+# The API key as Prometheus has it (vllm_monitoring's 0600 credentials file): read on the
+# host into curl's stdin, so that it is in no process's argv and not in this test's output.
+KEY_FILE = "/etc/prometheus/vllm-deploy/credentials/vd-mol-default-1.token"
 
 
 def test_service_user(host):
@@ -54,8 +57,12 @@ def test_health_and_completion(host):
                              "http://127.0.0.1:%d/health" % PORT) == "200"
     body = json.dumps({"model": MODEL, "prompt": "The", "max_tokens": 12, "min_tokens": 12,
                        "ignore_eos": True})
-    out = host.check_output("curl -s -H 'Content-Type: application/json' -d '%s' "
-                            "http://127.0.0.1:%d/v1/completions" % (body, PORT))
+    url = "http://127.0.0.1:%d/v1/completions" % PORT
+    denied = host.check_output("curl -s -o /dev/null -w '%%{http_code}' "
+                               "-H 'Content-Type: application/json' -d '%s' %s" % (body, url))
+    assert denied == "401"
+    out = host.check_output("printf 'Authorization: Bearer %%s\\n' \"$(cat %s)\" | curl -s -H @- "
+                            "-H 'Content-Type: application/json' -d '%s' %s" % (KEY_FILE, body, url))
     assert json.loads(out)["usage"]["completion_tokens"] == 12
 
 
