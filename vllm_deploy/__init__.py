@@ -7,6 +7,7 @@
     print(vllm_deploy.status("inventory/prod/hosts.yml").status_by_host)
 """
 from .api import deploy, saved_sweeps, status, sweep
+from .tune import TuneResult, tune
 from .errors import (AnsibleNotAvailable, InventoryNotFound, PlaybookFailed, UnknownProfile,
                      UnknownTag, UsageError, VllmDeployError)
 from .results import (DeployResult, Endpoint, HostFailure, HostResult, HostStats, HostStatus,
@@ -14,7 +15,7 @@ from .results import (DeployResult, Endpoint, HostFailure, HostResult, HostStats
                       SweepResult, SweepSummary)
 
 __all__ = [
-    "deploy", "sweep", "status", "saved_sweeps",
+    "deploy", "sweep", "status", "saved_sweeps", "tune", "TuneResult",
     "VllmDeployError", "UsageError", "InventoryNotFound", "UnknownTag", "UnknownProfile",
     "AnsibleNotAvailable", "PlaybookFailed",
     "RunResult", "DeployResult", "SweepResult", "StatusResult", "HostResult", "HostStats",

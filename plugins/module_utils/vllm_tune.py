@@ -636,3 +636,72 @@ def tune_document(host, slo, budget, refused, dropped, table, decision, vs_defau
         "ranked": table, "refused": refused, "not_measured": dropped,
         "correctness_note": gate_note, "applied": bool(applied), "evidence": evidence,
     }
+
+
+# ----------------------------------------------------------------------------- serving
+
+def _replace_flag(args, flag, value):
+    """``args`` with ``flag``'s value replaced (flag and value as separate tokens or --f=v);
+    None when the flag is not there."""
+    out, i, found = [], 0, False
+    while i < len(args):
+        a = args[i]
+        if a == flag and i + 1 < len(args):
+            out += [flag, str(value)]
+            i += 2
+            found = True
+            continue
+        if a.startswith(flag + "="):
+            out.append("%s=%s" % (flag, value))
+            found = True
+        else:
+            out.append(a)
+        i += 1
+    return out if found else None
+
+
+def service_instances(cand, profile, port, name="main", extra_prefix="tune", host=None):
+    """vllm_service_instances for a candidate: instance ``name`` on ``port`` and, for more
+    instances, ``<extra_prefix>-2``... on the next ports; GPUs split in order (tp*dp each);
+    parallel sizes and kv-cache-dtype through profile_overrides; a knob whose flag the
+    profile's args set replaces it there (vllm_service refuses a conflicting extra flag); the
+    other knobs go to extra_args."""
+    lay = cand["layout"]
+    per = lay["tensor_parallel"] * lay["data_parallel"]
+    overrides = {"parallel": {"tensor": lay["tensor_parallel"], "data": lay["data_parallel"],
+                              "expert_parallel": bool(lay["expert_parallel"])}}
+    args = list(profile.get("args") or [])
+    extra = []
+    replaced = False
+    for knob in sorted(cand["knobs"]):
+        v = cand["knobs"][knob]
+        if v is None:
+            continue
+        if knob == "kv-cache-dtype":
+            overrides["kv_cache_dtype"] = v
+            continue
+        flag_args = knob_args({knob: v})
+        new = _replace_flag(args, flag_args[0], flag_args[1])
+        if new is not None:
+            args, replaced = new, True
+        else:
+            extra += flag_args
+    if replaced:
+        overrides["args"] = args
+    out = []
+    gpu = bool(profile.get("gpu", {}).get("required"))
+    for i in range(lay["instances"]):
+        inst = {"name": name if i == 0 else "%s-%d" % (extra_prefix, i + 1), "port": port + i,
+                "profile_overrides": overrides, "extra_args": extra}
+        if host:
+            inst["host"] = host
+        if gpu:
+            inst["cuda_visible_devices"] = ",".join(str(g) for g in range(i * per, (i + 1) * per))
+        out.append(inst)
+    return out
+
+
+def grid_minutes(n_candidates, levels, window_s, per_candidate_overhead_s):
+    """What an auto_tune-style full grid costs: every candidate restarted once and swept over
+    every level with the leaders' (longest) window, no early stop. Minutes."""
+    return n_candidates * (per_candidate_overhead_s + len(levels) * window_s) / 60.0

@@ -228,3 +228,33 @@ def test_write_back_document_says_what_the_gate_compares():
                           t.versus_default(table), {"runs": "x"}, dummy_weights=True)
     assert doc["winner"]["id"] == decision["winner"] and not doc["applied"]
     assert "compares layouts with each other only" in doc["correctness_note"]
+
+
+CPU_TINY_ARGS = ["--dtype", "float32", "--kv-cache-memory-bytes", "134217728"]
+
+
+def test_service_instances_two_cpu_instances_and_profile_flag_replaced():
+    prof = {"args": CPU_TINY_ARGS, "gpu": {"required": False}}
+    cand = {"layout": {"tensor_parallel": 1, "expert_parallel": False, "data_parallel": 1,
+                       "instances": 2, "nccl_profile": None},
+            "knobs": {"max-num-seqs": 4, "kv-cache-memory-bytes": 67108864, "max-num-batched-tokens": None}}
+    a, b = t.service_instances(cand, prof, 8240, host="127.0.0.1")
+    assert (a["name"], a["port"], b["name"], b["port"]) == ("main", 8240, "tune-2", 8241)
+    assert a["extra_args"] == ["--max-num-seqs", "4"]
+    # the profile sets --kv-cache-memory-bytes: replaced there, not added twice
+    assert a["profile_overrides"]["args"] == ["--dtype", "float32", "--kv-cache-memory-bytes", "67108864"]
+    assert "cuda_visible_devices" not in a and a["host"] == "127.0.0.1"
+
+
+def test_service_instances_split_gpus_and_set_parallel():
+    prof = {"args": [], "gpu": {"required": True}}
+    cand = {"layout": {"tensor_parallel": 4, "expert_parallel": False, "data_parallel": 1,
+                       "instances": 2, "nccl_profile": None}, "knobs": {"kv-cache-dtype": "fp8"}}
+    a, b = t.service_instances(cand, prof, 8000)
+    assert a["cuda_visible_devices"] == "0,1,2,3" and b["cuda_visible_devices"] == "4,5,6,7"
+    assert a["profile_overrides"]["parallel"] == {"tensor": 4, "data": 1, "expert_parallel": False}
+    assert a["profile_overrides"]["kv_cache_dtype"] == "fp8" and a["extra_args"] == []
+
+
+def test_grid_minutes():
+    assert t.grid_minutes(6, [1, 2, 4, 8], 12, 60) == pytest.approx(6 * (60 + 48) / 60.0)
