@@ -21,7 +21,7 @@ def load(role, *parts):
 
 
 def test_the_roles_and_their_shared_defaults():
-    assert "vllm_deploy" in ROLES and len(ROLES) == 8
+    assert "vllm_deploy" in ROLES and len(ROLES) == 9
     for role in ROLES:
         deps = (load(role, "meta", "main.yml") or {}).get("dependencies") or []
         if role == "vllm_deploy":
