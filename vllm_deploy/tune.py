@@ -147,7 +147,8 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
                   vllm_tune_levels=lv, vllm_tune_duration_s=window,
                   vllm_tune_input_len=input_len, vllm_tune_output_len=output_len,
                   vllm_tune_slo_ttft_ms=slo.get("ttft_ms") or 0,
-                  vllm_tune_slo_tpot_ms=slo.get("tpot_ms") or 0)
+                  vllm_tune_slo_tpot_ms=slo.get("tpot_ms") or 0,
+                  vllm_tune_stop_on_saturation=not grid)
         t0 = time.time()
         runner, collector, _info = run_playbook("vllm_ops.deploy.tune", inventory, limit=host,
                                                 extravars=ev, on_event=on_event)
@@ -205,6 +206,7 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
             search = vt.Search(order, measure, levels, base_window_s=base_window_s, eta=eta,
                                max_rounds=max_rounds, budget=budget, clock=time.time, gate=gate)
         results = search.run()
+        decision_s = round(time.time() - t_start, 1)
         table, decision = vt.rank(results)
         vs = vt.versus_default(table)
         win = next((r for r in table if r["rank"] == 1), None)
@@ -232,7 +234,6 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
                         "%s: serving the %s configuration again failed: %s"
                         % (host, "winner's" if apply else "inventory's",
                            fails[0].describe() if fails else "rc %s" % runner.rc))
-    decision_s = round(time.time() - t_start, 1)
     evidence = {"runs": runs, "search_log": search.log, "measured_s": round(search.measured_s, 1),
                 "decision_wall_s": decision_s, "mode": "grid" if grid else "search",
                 "reference": ref_holder.get("id"), "levels": levels,
