@@ -141,8 +141,9 @@ def _knobs(items: Optional[List[str]]) -> Dict[str, Any]:
 
 
 def render_tune(console, doc) -> None:
-    console.print("SLO %s: TTFT %s ms, TPOT %s ms" % (doc["slo"]["class"], doc["slo"].get("ttft_ms"),
-                                                     doc["slo"].get("tpot_ms")))
+    slo = doc["slo"]
+    console.print("SLO %s: TTFT %s ms, TPOT %s ms" % (slo["class"], slo.get("ttft_ms"),
+                                                      slo.get("tpot_ms")))
     for r in doc["refused"]:
         console.print("refused %s: %s" % (_escape(r["id"]), _escape("; ".join(r["reasons"]))))
     for r in doc["ranked"]:

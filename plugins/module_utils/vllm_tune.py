@@ -548,8 +548,8 @@ def rank(results, default_noise=0.1):
                       (gate["token_match_rate"], gate["min_match"]))
             if gate.get("max_logprob_gap") is not None and \
                     gate["top1_logprob_gap"] > gate["max_logprob_gap"]:
-                reason += " or top-1 logprob gap %.4f > %.4f" % (gate["top1_logprob_gap"],
-                                                                gate["max_logprob_gap"])
+                reason += " or top-1 logprob gap %.4f > %.4f" % (
+                    gate["top1_logprob_gap"], gate["max_logprob_gap"])
         lay = res["candidate"]["layout"]
         rows.append({
             "id": cid, "default": bool(res["candidate"].get("default")),

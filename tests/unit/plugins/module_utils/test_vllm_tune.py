@@ -77,7 +77,7 @@ def test_cpu_host_varies_instances_and_is_admitted_unplanned():
 
 
 def test_candidates_default_first_budget_round_robin_and_pinned():
-    admitted, _ = t.admit(t.enumerate_layouts(0))
+    admitted, _refused = t.admit(t.enumerate_layouts(0))
     knobs = {"max-num-seqs": [None, 4, 16], "max-num-batched-tokens": [None, 512]}
     kept, dropped = t.build_candidates(admitted, knobs)
     assert len(kept) == 12 and dropped == [] and kept[0]["default"] and kept[0]["id"] == "tp1"
@@ -86,7 +86,7 @@ def test_candidates_default_first_budget_round_robin_and_pinned():
     assert [c["id"] for c in kept] == ["tp1", "tp1 max-num-seqs=16", "2xtp1"]
     assert len(dropped) == 9
     # defaults not among the allowed values: the default candidate is added anyway
-    kept, _ = t.build_candidates(admitted, {"max-num-seqs": [4]})
+    kept, _dropped = t.build_candidates(admitted, {"max-num-seqs": [4]})
     assert kept[0]["id"] == "tp1" and kept[0]["knobs"] == {"max-num-seqs": None}
 
 
@@ -159,8 +159,8 @@ class FakeHost:
 
 
 def _search(rates, broken=(), **kw):
-    admitted, _ = t.admit(t.enumerate_layouts(0))
-    cands, _ = t.build_candidates(admitted, {"max-num-seqs": [None, 2, 8]})
+    admitted, _refused = t.admit(t.enumerate_layouts(0))
+    cands, _dropped = t.build_candidates(admitted, {"max-num-seqs": [None, 2, 8]})
     host = FakeHost(rates, broken)
     ref = [{"tokens": [1, 2, 3]}]
     s = t.Search(cands, host.measure, [1, 2, 4, 8, 16], base_window_s=2, budget=kw.get("budget"),
