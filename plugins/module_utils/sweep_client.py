@@ -32,7 +32,9 @@ ticker task) and marks a level ``client_limited`` when the loop lag p99 exceeds
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import multiprocessing
 import os
 import random
 import sys
@@ -46,8 +48,8 @@ except ImportError:  # the module reports this with the interpreter's path
     HAS_AIOHTTP = False
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import (
-    PROMETHEUS_PARSER, Record, headline, percentile, saturation_check, server_counters,
-    server_cross_check, summarize_level)
+    PROMETHEUS_PARSER, Record, headline, percentile, precision, saturation_check,
+    server_counters, server_cross_check, summarize_level)
 
 READ_BUFSIZE = 4 * 1024 * 1024
 LOOP_TICK_S = 0.01
@@ -55,6 +57,10 @@ LOOP_LAG_LIMIT_MS = 10.0
 CPU_LIMIT = 0.8
 VOCAB_PROBE_MAX = 1 << 21  # larger than any tokenizer's vocabulary
 PROBE_TIMEOUT_S = 60
+# A streamed token chunk of vLLM's OpenAI server ends with '"usage":null}' and holds a choice;
+# such chunks are counted without parsing their JSON (everything else is parsed).
+TOKEN_CHUNK_TAIL = b'"usage":null}'
+TOKEN_CHUNK_MARK = b'"choices":[{'
 CHAT_WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
               "november oscar papa quebec romeo sierra tango uniform victor whiskey xray "
               "yankee zulu").split()
@@ -111,6 +117,15 @@ def check_params(p):
                          % (p.get("event_loop"),))
     if p.get("endpoint") not in ("completions", "chat"):
         raise SweepError("endpoint must be 'completions' or 'chat', got %r" % (p.get("endpoint"),))
+    if p.get("processes") is not None and (not isinstance(p["processes"], int)
+                                           or p["processes"] < 1):
+        raise SweepError("processes must be an integer >= 1, got %r" % (p["processes"],))
+    if p.get("precision_pct") is not None and not 0 < p["precision_pct"] < 100:
+        raise SweepError("precision_pct must be in (0, 100) when given, got %r"
+                         % (p["precision_pct"],))
+    if p.get("max_duration_s") is not None and p["max_duration_s"] < p.get("duration_s", 0):
+        raise SweepError("max_duration_s must be >= duration_s (%r), got %r"
+                         % (p.get("duration_s"), p["max_duration_s"]))
     if p.get("vocab_size") is not None and p["vocab_size"] < 2:
         raise SweepError("vocab_size must be >= 2 when given, got %r" % (p["vocab_size"],))
 
@@ -143,6 +158,9 @@ class Sweep(object):
         self.server = {}
         self.t0 = time.perf_counter()
         self.session = None
+        self.pool = None  # worker processes (processes > 1), see run_sweep
+        self.connections = {"opened": 0}
+        self.children_cpu = 0.0
 
     # --- preflight -----------------------------------------------------------------------
     async def _get(self, url, timeout=10.0):
@@ -280,6 +298,7 @@ class Sweep(object):
         timeout = aiohttp.ClientTimeout(total=self.p["request_timeout_s"])
         last_ct = 0
         usage = None
+        chunk_usage = bool(self.p.get("chunk_usage"))
         rec.start = time.perf_counter()
         try:
             async with self.session.post(url, data=body, headers=self.headers,
@@ -289,7 +308,13 @@ class Sweep(object):
                     return
                 buf = b""
                 done = False
+                chat = self.p["endpoint"] == "chat"
+                # read to the end of the body even after [DONE]: aiohttp closes a connection
+                # whose body was not read to its end, and the next request would then pay a
+                # new TCP connection (and the server's accept) inside its TTFT
                 async for data in resp.content.iter_any():
+                    if done:
+                        continue
                     now = time.perf_counter()
                     buf += data
                     lines = buf.split(b"\n")
@@ -298,6 +323,12 @@ class Sweep(object):
                         if not line.startswith(b"data:"):
                             continue  # blank separators, comments, event names
                         payload = line[5:].strip()
+                        if not chunk_usage and payload.endswith(TOKEN_CHUNK_TAIL) and \
+                                TOKEN_CHUNK_MARK in payload and not (chat and b'"role"' in payload):
+                            # a token chunk (a choice, no usage): no JSON parse needed
+                            rec.chunk_times.append(now)
+                            rec.chunk_tokens = None
+                            continue
                         if payload == b"[DONE]":
                             done = True
                             break
@@ -322,8 +353,6 @@ class Sweep(object):
                                     rec.chunk_tokens = None
                         elif u is not None:
                             usage = u
-                    if done:
-                        break
         except asyncio.TimeoutError:
             rec.error = "timeout after %ss (request_timeout_s)" % self.p["request_timeout_s"]
         except (aiohttp.ClientError, OSError, ValueError) as e:
@@ -340,130 +369,259 @@ class Sweep(object):
                     rec.error = "no token chunk received"
 
     # --- one level -----------------------------------------------------------------------
-    async def run_level(self, conc):
+    def level_settings(self, conc):
         p = self.p
         warmup = p.get("warmup_requests")
-        warmup = conc if warmup is None else warmup
-        min_req = p.get("min_requests") or default_min_requests(conc)
-        duration = float(p["duration_s"])
+        return {"warmup": conc if warmup is None else warmup,
+                "min_requests": p.get("min_requests") or default_min_requests(conc),
+                "duration": float(p["duration_s"]),
+                "precision_pct": p.get("precision_pct"),
+                "max_duration": p.get("max_duration_s")}
+
+    async def run_level(self, conc):
+        """One level: C closed-loop workers in this process, or spread over the worker
+        processes (``processes`` > 1); returns (summary, records, (w0, w1))."""
+        if self.pool is not None:
+            return await self._run_level_pool(conc)
+        cfg = self.level_settings(conc)
         rng = random.Random("%d/%d" % (self.seed, conc))
-        records = []
-        state = {"w0": None, "w1": None, "measured": 0, "stop": False, "aborted": None,
-                 "failed": 0}
+        gc_info = _gc_quiet(self.p)
+        before = await self.scrape()
+        opened0 = self.connections["opened"]
         level_start = time.perf_counter()
         cpu_start = time.process_time()
-        if warmup == 0:
-            state["w0"], state["cpu_w0"] = level_start, cpu_start
-        before = await self.scrape()
+        state = LevelState(conc, cfg, level_start)
+        p = self.p
 
-        def on_done(rec):
-            records.append(rec)
-            if rec.error is not None:
-                state["failed"] += 1
-                ok = len(records) - state["failed"]
-                if state["failed"] >= max(10, conc) and state["failed"] > ok:
-                    state["aborted"] = "aborted: %d of %d requests failed" % (
-                        state["failed"], len(records))
-                    state["stop"] = True
-                    if state["w0"] is not None:
-                        state["w1"] = rec.end
-                    return
-            if state["w0"] is None:
-                if len(records) >= warmup:
-                    state["w0"] = rec.end
-                    state["cpu_w0"] = time.process_time()
+        async def worker(wid):
+            while not state.stop:
+                rec = Record(level=conc, worker=wid, expected_tokens=p["output_len"],
+                             chunk_tokens=[])
+                await self.request(rec, self._body(rng))
+                state.feed(rec)
+
+        sampler = Sampler()
+        tick = asyncio.ensure_future(sampler.run())
+        try:
+            await asyncio.gather(*[worker(i) for i in range(conc)])
+        finally:
+            sampler.on = False
+            await tick
+            gc_info = _gc_restore(gc_info)
+        level_end = time.perf_counter()
+        cpu_level = time.process_time() - cpu_start
+        after = await self.scrape()
+        w0, w1 = state.window(level_start)
+        proc = sampler.health(w0, w1, 0, conc)
+        client = {
+            "processes": 1,
+            "cpu_s_level": round(cpu_level, 4),
+            "cpu_s_window": proc["cpu_s_window"],
+            "cpu_util_window": proc["cpu_util_window"],
+            "loop_lag_ms": proc["loop_lag_ms"],
+            "client_limited": proc["client_limited"],
+            "client_limited_reasons": proc["client_limited_reasons"],
+            "connections_opened": self.connections["opened"] - opened0,
+            "gc": gc_info,
+        }
+        return self._finish_level(conc, cfg, state, client, before, after, level_start,
+                                  level_end, w0, w1)
+
+    def _finish_level(self, conc, cfg, state, client, before, after, level_start, level_end,
+                      w0, w1):
+        records = state.records
+        summary = summarize_level(records, conc, w0, w1, self.p["output_len"], slo=self.slo())
+        total_out = sum(r.completion_tokens or 0 for r in records)
+        client["cpu_ms_per_1k_output_tokens"] = (
+            round(client["cpu_s_level"] * 1e6 / total_out, 3) if total_out else None)
+        summary["client"] = client
+        summary["timing"] = {
+            "warmup_s": round(w0 - level_start, 4),
+            "drain_s": round(max(level_end - w1, 0.0), 4),
+            "level_s": round(level_end - level_start, 4),
+            "warmup_requests": cfg["warmup"],
+            "min_requests": cfg["min_requests"],
+            "stopped_by": state.stopped_by,
+        }
+        summary["aborted"] = state.aborted
+        summary["server_check"] = server_cross_check(before, after, records)
+        return summary, records, (w0, w1)
+
+    async def _run_level_pool(self, conc):
+        cfg = self.level_settings(conc)
+        pool = self.pool
+        shares = split_workers(conc, len(pool.conns))
+        before = await self.scrape()
+        cpu_start = time.process_time()
+        level_start = time.perf_counter()
+        state = LevelState(conc, cfg, level_start)
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        ends = {}
+        stop_sent = {"on": False}
+
+        def readable(i, conn):
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError) as e:
+                if not done.done():
+                    done.set_exception(SweepError(
+                        "load-generator process %d ended during concurrency %d: %s"
+                        % (i, conc, type(e).__name__)))
+                loop.remove_reader(conn.fileno())
                 return
-            if rec.start >= state["w0"]:
-                state["measured"] += 1
-            if (rec.end >= state["w0"] + duration and state["measured"] >= min_req
-                    and not state["stop"]):
-                state["w1"] = rec.end
-                state["cpu_w1"] = time.process_time()
+            if msg[0] == "recs":
+                for tup in msg[1]:
+                    state.feed(Record(*tup))
+                if state.stop and not stop_sent["on"]:
+                    stop_sent["on"] = True
+                    for c in pool.conns:
+                        c.send(("stop",))
+            elif msg[0] == "end":
+                ends[i] = msg[1]
+                if len(ends) == len(pool.conns) and not done.done():
+                    done.set_result(True)
+            elif msg[0] == "error" and not done.done():
+                done.set_exception(SweepError("load-generator process %d: %s" % (i, msg[1])))
+
+        first = 0
+        for i, conn in enumerate(pool.conns):
+            conn.send(("level", conc, shares[i], first, "%d/%d/%d" % (self.seed, conc, i)))
+            first += shares[i]
+            loop.add_reader(conn.fileno(), readable, i, conn)
+        try:
+            await done
+        finally:
+            for conn in pool.conns:
+                loop.remove_reader(conn.fileno())
+        level_end = time.perf_counter()
+        after = await self.scrape()
+        w0, w1 = state.window(level_start)
+        procs, limited = [], []
+        cpu_level = time.process_time() - cpu_start
+        cpu_window = 0.0
+        for i in range(len(pool.conns)):
+            e = ends[i]
+            h = Sampler.from_samples(e["samples"]).health(w0, w1, i, shares[i])
+            cpu_level += e["cpu_s_level"]
+            self.children_cpu += e["cpu_s_level"]
+            cpu_window += h["cpu_s_window"]
+            procs.append(h)
+            limited.extend("process %d: %s" % (i, r) for r in h["client_limited_reasons"])
+        client = {
+            "processes": len(pool.conns),
+            "cpu_s_level": round(cpu_level, 4),
+            "cpu_s_window": round(cpu_window, 4),
+            "cpu_util_window": max(h["cpu_util_window"] for h in procs),
+            "loop_lag_ms": dict((k, max(h["loop_lag_ms"][k] for h in procs))
+                                for k in ("p50", "p99", "max")),
+            "client_limited": bool(limited),
+            "client_limited_reasons": limited,
+            "connections_opened": sum(ends[i]["connections_opened"] for i in ends),
+            "per_process": procs,
+            "gc": ends[0].get("gc"),
+        }
+        return self._finish_level(conc, cfg, state, client, before, after, level_start,
+                                  level_end, w0, w1)
+
+    # --- a worker process (processes > 1) ------------------------------------------------
+    async def child_serve(self, conn):
+        loop = asyncio.get_running_loop()
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False)
+        async with aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFSIZE,
+                                         trace_configs=[self._trace()]) as s:
+            self.session = s
+            while True:
+                msg = await _recv(loop, conn)
+                if msg[0] == "quit":
+                    return
+                if msg[0] == "level":
+                    await self._child_level(loop, conn, *msg[1:])
+
+    async def _child_level(self, loop, conn, conc, workers, first, seed):
+        p = self.p
+        rng = random.Random(seed)
+        state = {"stop": False}
+        pending = []
+        gc_info = _gc_quiet(p)
+        opened0 = self.connections["opened"]
+        cpu0 = time.process_time()
+
+        def on_msg():
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                msg = ("stop",)
+            if msg[0] == "stop":
                 state["stop"] = True
+
+        loop.add_reader(conn.fileno(), on_msg)
 
         async def worker(wid):
             while not state["stop"]:
                 rec = Record(level=conc, worker=wid, expected_tokens=p["output_len"],
                              chunk_tokens=[])
                 await self.request(rec, self._body(rng))
-                on_done(rec)
+                pending.append(_record_tuple(rec))
 
-        lags = []
-        ticking = {"on": True}
+        flushing = {"on": True}
 
-        async def ticker():
-            loop_prev = time.perf_counter()
-            while ticking["on"]:
-                await asyncio.sleep(LOOP_TICK_S)
-                now = time.perf_counter()
-                lags.append((now, max(0.0, now - loop_prev - LOOP_TICK_S)))
-                loop_prev = now
+        async def flusher():
+            while flushing["on"]:
+                await asyncio.sleep(Pool.FLUSH_S)
+                if pending:
+                    batch = list(pending)
+                    del pending[:]
+                    conn.send(("recs", batch))
 
-        tick = asyncio.ensure_future(ticker())
+        sampler = Sampler()
+        tick = asyncio.ensure_future(sampler.run())
+        flush = asyncio.ensure_future(flusher())
         try:
-            await asyncio.gather(*[worker(i) for i in range(conc)])
+            await asyncio.gather(*[worker(first + j) for j in range(workers)])
         finally:
-            ticking["on"] = False
+            sampler.on = False
+            flushing["on"] = False
             await tick
-        level_end = time.perf_counter()
-        cpu_level = time.process_time() - cpu_start
-        after = await self.scrape()
+            await flush
+            loop.remove_reader(conn.fileno())
+            gc_info = _gc_restore(gc_info)
+        if pending:
+            conn.send(("recs", list(pending)))
+        conn.send(("end", {"samples": sampler.samples, "cpu_s_level": time.process_time() - cpu0,
+                           "connections_opened": self.connections["opened"] - opened0,
+                           "gc": gc_info}))
 
-        w0, w1 = state["w0"], state["w1"]
-        if w0 is None or w1 is None or w1 <= w0:  # aborted before a window could close
-            w0 = level_start
-            w1 = max([r.end for r in records] + [level_start + 1e-6])
-            state.setdefault("cpu_w0", cpu_start)
-            state["cpu_w1"] = state.get("cpu_w1") or time.process_time()
-        summary = summarize_level(records, conc, w0, w1, p["output_len"], slo=self.slo())
-        win_lags = [x for t, x in lags if w0 <= t <= w1] or [x for _unused, x in lags]
-        cpu_win = state.get("cpu_w1", cpu_level) - state.get("cpu_w0", 0.0)
-        lag_p99 = (percentile(win_lags, 99) or 0.0) * 1000.0
-        cpu_util = cpu_win / (w1 - w0)
-        total_out = sum(r.completion_tokens or 0 for r in records)
-        limited = []
-        if lag_p99 > LOOP_LAG_LIMIT_MS:
-            limited.append("event-loop lag p99 %.1f ms > %.1f ms" % (lag_p99, LOOP_LAG_LIMIT_MS))
-        if cpu_util > CPU_LIMIT:
-            limited.append("client CPU %.0f%% of a core > %.0f%%"
-                           % (cpu_util * 100, CPU_LIMIT * 100))
-        summary["client"] = {
-            "cpu_s_level": round(cpu_level, 4),
-            "cpu_s_window": round(cpu_win, 4),
-            "cpu_util_window": round(cpu_util, 4),
-            "cpu_ms_per_1k_output_tokens": round(cpu_level * 1e6 / total_out, 3)
-            if total_out else None,
-            "loop_lag_ms": {
-                "p50": round((percentile(win_lags, 50) or 0.0) * 1000.0, 3),
-                "p99": round(lag_p99, 3),
-                "max": round(max(win_lags or [0.0]) * 1000.0, 3),
-            },
-            "client_limited": bool(limited),
-            "client_limited_reasons": limited,
-        }
-        summary["timing"] = {
-            "warmup_s": round(w0 - level_start, 4),
-            "drain_s": round(max(level_end - w1, 0.0), 4),
-            "level_s": round(level_end - level_start, 4),
-            "warmup_requests": warmup,
-            "min_requests": min_req,
-        }
-        summary["aborted"] = state["aborted"]
-        summary["server_check"] = server_cross_check(before, after, records)
-        return summary, records, (w0, w1)
+    def _trace(self):
+        trace = aiohttp.TraceConfig()
+
+        async def opened(_session, _ctx, _params):
+            self.connections["opened"] += 1
+        trace.on_connection_create_end.append(opened)
+        return trace
 
     def slo(self):
         return {"ttft_ms": self.p.get("slo_ttft_ms"), "tpot_ms": self.p.get("slo_tpot_ms"),
                 "e2e_ms": self.p.get("slo_e2e_ms")}
 
     # --- whole sweep ---------------------------------------------------------------------
-    async def run(self, log_path=None):
-        """Preflight, then the levels; the request log is opened only once preflight passed."""
+    async def run_preflight(self):
+        """The preflight alone, in its own session (before worker processes are forked)."""
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False)
         async with aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFSIZE) as s:
             self.session = s
-            cpu0 = time.process_time()
             await self.preflight()
+        self.session = None
+
+    async def run(self, log_path=None, preflight=True):
+        """Preflight, then the levels; the request log is opened only once preflight passed."""
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False)
+        async with aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFSIZE,
+                                         trace_configs=[self._trace()]) as s:
+            self.session = s
+            cpu0 = time.process_time()
+            if preflight:
+                await self.preflight()
             log = None
             if log_path:
                 try:
@@ -506,7 +664,8 @@ class Sweep(object):
             "aiohttp_version": aiohttp.__version__,
             "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
             "metrics_parser": PROMETHEUS_PARSER,
-            "cpu_s_total": round(time.process_time() - cpu0, 4),
+            "cpu_s_total": round(time.process_time() - cpu0 + self.children_cpu, 4),
+            "processes": int(self.p.get("processes") or 1),
             "loop_lag_limit_ms": LOOP_LAG_LIMIT_MS,
             "cpu_limit": CPU_LIMIT,
         }
@@ -523,6 +682,259 @@ class Sweep(object):
             d["measured"] = bool(r.start >= w0 and r.end <= w1)
             fh.write(json.dumps(d, sort_keys=True) + "\n")
         fh.flush()
+
+
+# --- the level's window rule, client health, GC, worker processes -----------------------------
+def split_workers(conc, processes):
+    """C workers over ``processes`` processes, as evenly as possible (the first get one more)."""
+    n = max(1, min(processes, conc))
+    base, extra = divmod(conc, n)
+    return [base + (1 if i < extra else 0) for i in range(n)] + [0] * (processes - n)
+
+
+class LevelState(object):
+    """The window rule of one level, fed each completed request in order of completion.
+
+    Warm-up: the window opens (w0) at the completion of the ``warmup``-th request. It closes
+    (w1) at the first completion at or after w0 + duration once ``min_requests`` requests
+    started and ended inside it; with ``precision_pct`` also only once the 95 % intervals of
+    output tok/s and TTFT p50 are within +-precision_pct of their values, or at the first
+    completion at or after w0 + ``max_duration`` (the cap; default 10 x duration). A level
+    where at least max(10, C) requests failed and more failed than succeeded is aborted.
+    """
+
+    def __init__(self, conc, cfg, level_start):
+        self.conc, self.cfg = conc, cfg
+        self.records = []
+        self.w0 = level_start if cfg["warmup"] == 0 else None
+        self.w1 = None
+        self.measured = 0
+        self.failed = 0
+        self.stop = False
+        self.aborted = None
+        self.stopped_by = None
+        self.next_check = None
+        self.last_precision = None
+
+    def feed(self, rec):
+        self.records.append(rec)
+        if self.stop:
+            return
+        if rec.error is not None:
+            self.failed += 1
+            ok = len(self.records) - self.failed
+            if self.failed >= max(10, self.conc) and self.failed > ok:
+                self.aborted = "aborted: %d of %d requests failed" % (self.failed,
+                                                                       len(self.records))
+                self.stop, self.stopped_by = True, "aborted"
+                if self.w0 is not None:
+                    self.w1 = rec.end
+                return
+        if self.w0 is None:
+            if len(self.records) >= self.cfg["warmup"]:
+                self.w0 = rec.end
+            return
+        if rec.start >= self.w0:
+            self.measured += 1
+        cfg = self.cfg
+        if rec.end < self.w0 + cfg["duration"] or self.measured < cfg["min_requests"]:
+            return
+        target = cfg.get("precision_pct")
+        if not target:
+            self.stop, self.w1, self.stopped_by = True, rec.end, "duration"
+            return
+        cap = cfg.get("max_duration") or 10.0 * cfg["duration"]
+        if rec.end >= self.w0 + cap:
+            self.stop, self.w1, self.stopped_by = True, rec.end, "max_duration_s"
+            return
+        if self.next_check is not None and rec.end < self.next_check:
+            return
+        elapsed = rec.end - self.w0
+        self.next_check = rec.end + max(1.0, 0.1 * elapsed)
+        measured = [r for r in self.records if r.ok and r.start >= self.w0 and r.end <= rec.end]
+        ok = [r for r in self.records if r.ok and self.w0 < r.end <= rec.end]
+        out_tokens = sum(r.completion_tokens or 0 for r in ok)
+        prec = precision(self.records, self.w0, rec.end, measured, out_tokens / elapsed)
+        self.last_precision = prec
+        widths = [(prec.get(k) or {}).get("half_width_pct") for k in ("output_tok_s",
+                                                                        "ttft_ms_p50")]
+        if all(w is not None and w <= target for w in widths):
+            self.stop, self.w1, self.stopped_by = True, rec.end, "precision_pct"
+
+    def window(self, level_start):
+        """(w0, w1); a level aborted before its window could close spans the whole level."""
+        w0, w1 = self.w0, self.w1
+        if w0 is None or w1 is None or w1 <= w0:
+            w0 = level_start
+            w1 = max([r.end for r in self.records if r.end is not None] + [level_start + 1e-6])
+        return w0, w1
+
+
+class Sampler(object):
+    """Event-loop lag and CPU time of this process, sampled by a 10 ms ticker task."""
+
+    def __init__(self):
+        self.on = True
+        self.samples = []  # (time, loop lag s, process CPU s)
+
+    async def run(self):
+        prev = time.perf_counter()
+        self.samples.append((prev, 0.0, time.process_time()))
+        while self.on:
+            await asyncio.sleep(LOOP_TICK_S)
+            now = time.perf_counter()
+            self.samples.append((now, max(0.0, now - prev - LOOP_TICK_S), time.process_time()))
+            prev = now
+
+    @classmethod
+    def from_samples(cls, samples):
+        s = cls()
+        s.on = False
+        s.samples = [tuple(x) for x in samples]
+        return s
+
+    def _cpu_at(self, t):
+        best = None
+        for when, _lag, cpu in self.samples:
+            if when <= t:
+                best = cpu
+            else:
+                return cpu if best is None else best
+        return best if best is not None else 0.0
+
+    def health(self, w0, w1, index, workers):
+        """Window CPU, loop lag and the client_limited verdict of this process."""
+        lags = [lag for t, lag, _cpu in self.samples if w0 <= t <= w1] or \
+            [lag for _t, lag, _cpu in self.samples]
+        cpu_win = max(0.0, self._cpu_at(w1) - self._cpu_at(w0))
+        util = cpu_win / (w1 - w0) if w1 > w0 else 0.0
+        lag_p99 = (percentile(lags, 99) or 0.0) * 1000.0
+        limited = []
+        if lag_p99 > LOOP_LAG_LIMIT_MS:
+            limited.append("event-loop lag p99 %.1f ms > %.1f ms" % (lag_p99, LOOP_LAG_LIMIT_MS))
+        if util > CPU_LIMIT:
+            limited.append("client CPU %.0f%% of a core > %.0f%%" % (util * 100, CPU_LIMIT * 100))
+        return {"process": index, "workers": workers, "cpu_s_window": round(cpu_win, 4),
+                "cpu_util_window": round(util, 4),
+                "loop_lag_ms": {"p50": round((percentile(lags, 50) or 0.0) * 1000.0, 3),
+                                "p99": round(lag_p99, 3),
+                                "max": round(max(lags or [0.0]) * 1000.0, 3)},
+                "client_limited": bool(limited), "client_limited_reasons": limited}
+
+
+def _gc_quiet(p):
+    """Before a level: collect, freeze what exists, and (unless gc_during_level) switch the
+    collector off until the level ends. A full collection walks every tracked object (the
+    level's growing record lists included) while the loop is blocked; the records hold no
+    cycles, so nothing piles up meanwhile. Returns what _gc_restore reports."""
+    gc.collect()
+    gc.freeze()
+    info = {"mode": "on" if p.get("gc_during_level") else "off during the level",
+            "collections": 0, "pause_ms_total": 0.0, "pause_ms_max": 0.0, "_t": None}
+
+    def cb(phase, _details):
+        if phase == "start":
+            info["_t"] = time.perf_counter()
+        elif info["_t"] is not None:
+            ms = (time.perf_counter() - info["_t"]) * 1000.0
+            info["collections"] += 1
+            info["pause_ms_total"] += ms
+            info["pause_ms_max"] = max(info["pause_ms_max"], ms)
+            info["_t"] = None
+    info["_cb"] = cb
+    gc.callbacks.append(cb)
+    if not p.get("gc_during_level"):
+        gc.disable()
+    return info
+
+
+def _gc_restore(info):
+    gc.enable()
+    if info.get("_cb") in gc.callbacks:
+        gc.callbacks.remove(info["_cb"])
+    gc.unfreeze()
+    return {"mode": info["mode"], "collections": info["collections"],
+            "pause_ms_total": round(info["pause_ms_total"], 3),
+            "pause_ms_max": round(info["pause_ms_max"], 3)}
+
+
+def _record_tuple(r):
+    return (r.level, r.worker, r.start, r.end, r.chunk_times, r.chunk_tokens,
+            r.completion_tokens, r.prompt_tokens, r.expected_tokens, r.error)
+
+
+class Pool(object):
+    """Load-generator worker processes, forked before any event loop runs (``processes``).
+
+    Each child runs its own event loop and aiohttp session. Per level the parent sends
+    ("level", C, workers, first worker id, rng seed); the child runs that many closed-loop
+    workers, sends its completed requests in batches every FLUSH_S (("recs", [...])), stops
+    sending new requests on ("stop",), and when its last request ended sends ("end", {...})
+    with its CPU and loop-lag samples. The parent applies the window rule to the merged
+    completions, so token counts and windows are those of one client with C workers.
+    """
+
+    FLUSH_S = 0.02
+
+    def __init__(self, sweep, n):
+        ctx = multiprocessing.get_context("fork")
+        self.conns, self.procs = [], []
+        for i in range(n):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_child_main, args=(sweep, theirs, i), daemon=True)
+            proc.start()
+            theirs.close()
+            self.conns.append(mine)
+            self.procs.append(proc)
+
+    def close(self):
+        for c in self.conns:
+            try:
+                c.send(("quit",))
+            except (OSError, EOFError):
+                pass
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+        for c in self.conns:
+            c.close()
+
+
+def _child_main(sweep, conn, index):
+    sweep.pool = None
+    sweep.child_index = index
+    factory = loop_factory(sweep.p.get("event_loop") or "auto")
+    coro = sweep.child_serve(conn)
+    try:
+        if factory is None:
+            asyncio.run(coro)
+        else:
+            with asyncio.Runner(loop_factory=factory) as runner:
+                runner.run(coro)
+    except Exception as e:  # noqa: BLE001 - the parent reports it
+        try:
+            conn.send(("error", "%s: %s" % (type(e).__name__, e)))
+        except (OSError, EOFError):
+            pass
+
+
+async def _recv(loop, conn):
+    """The next message on a multiprocessing connection, without blocking the loop."""
+    fut = loop.create_future()
+
+    def ready():
+        if not fut.done():
+            try:
+                fut.set_result(conn.recv())
+            except (EOFError, OSError):
+                fut.set_result(("quit",))
+    loop.add_reader(conn.fileno(), ready)
+    try:
+        return await fut
+    finally:
+        loop.remove_reader(conn.fileno())
 
 
 def loop_factory(choice="auto"):
@@ -554,8 +966,21 @@ def run_sweep(params, request_log_path=None):
         raise SweepError("aiohttp is not importable by %s" % sys.executable)
     sweep = Sweep(params)  # validates the parameters
     factory = loop_factory(params.get("event_loop") or "auto")
-    coro = sweep.run(log_path=request_log_path)
-    if factory is None:
-        return asyncio.run(coro)
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(coro)
+    n = int(params.get("processes") or 1)
+
+    def run(coro):
+        if factory is None:
+            return asyncio.run(coro)
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(coro)
+    if n <= 1:
+        return run(sweep.run(log_path=request_log_path))
+    # several processes: the preflight first, then fork the workers (no event loop exists in
+    # this process while it forks), then the levels
+    run(sweep.run_preflight())
+    sweep.pool = Pool(sweep, n)
+    try:
+        return run(sweep.run(log_path=request_log_path, preflight=False))
+    finally:
+        sweep.pool.close()
+        sweep.pool = None

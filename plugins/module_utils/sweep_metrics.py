@@ -39,6 +39,21 @@ clock, reported in milliseconds):
   (TTFT <= slo_ttft_ms, TPOT <= slo_tpot_ms, E2E <= slo_e2e_ms), per second of window.
 * A level meets the SLOs when the p99 of each latency with an SLO is within it (the MLPerf
   server convention) and no request failed.
+* Two definitions per level. ``definition: steady_state`` names the figures above (the
+  window). ``whole_run`` holds the figures computed the way ``vllm bench serve`` computes
+  them (vllm/benchmarks/serve.py ``calculate_metrics``, lib/endpoint_request_func.py): every
+  request of the level (warm-up, window and drain); duration = first send to last completion
+  (of any request, failed ones included, as its wall clock runs until all tasks end); output
+  tok/s = output tokens (usage) of the successful requests / duration; TTFT = first token
+  chunk - send; latency (E2EL) = last token chunk - send; TPOT = (latency - TTFT) / (N - 1)
+  for N > 1; ITL = every gap between consecutive token chunks; mean, median, std (population,
+  np.std) and p50/p90/p99 (np.percentile's linear interpolation).
+* Precision (``precision``): output tok/s with a batch-means interval (the window cut into
+  ``PRECISION_BATCHES`` equal sub-windows; each request's tokens spread over its token
+  chunks, the tokens whose chunk arrived in a sub-window / its length are the batch values;
+  the interval is centred on the window's output tok/s) and TTFT p50 with a percentile bootstrap over the measured requests
+  (seeded, ``BOOTSTRAP_RESAMPLES`` resamples), both at 95 % confidence
+  (plugins/module_utils/sweep_compare.py).
 """
 from __future__ import annotations
 
@@ -54,6 +69,10 @@ except ImportError:  # a load generator without it: the parser below
     PROMETHEUS_PARSER = "builtin"
 
 PERCENTILES = (50, 90, 99)
+PRECISION_BATCHES = 10
+BOOTSTRAP_RESAMPLES = 400
+STEADY_STATE = "steady_state"
+WHOLE_RUN = "whole_run (as vllm bench serve: all requests, first send to last completion)"
 OUTPUT_LENGTH_MISS_LIMIT = 0.01  # a level where more than 1 % of requests miss is marked
 
 
@@ -161,6 +180,111 @@ def describe(values, scale=1000.0, digits=3):
     return out
 
 
+def bench_stats(values, scale=1000.0, digits=3):
+    """mean, median, std (population) and p50/p90/p99 the way vllm bench serve reports them
+    (numpy mean/median/std/percentile; an empty list counts as [0], as there)."""
+    xs = sorted(values) if values else [0.0]
+    mean = statistics.fmean(xs)
+    out = {"count": len(values), "mean": round(mean * scale, digits),
+           "median": round(statistics.median(xs) * scale, digits),
+           "std": round(statistics.pstdev(xs) * scale, digits)}
+    cuts = _cut_points(xs) if len(xs) > 1 else None
+    for p in PERCENTILES:
+        out["p%d" % p] = round((cuts[p - 1] if cuts else xs[0]) * scale, digits)
+    return out
+
+
+def whole_run(records):
+    """The level's figures as vllm bench serve computes them (see the module docstring)."""
+    ok = [r for r in records if r.ok and r.chunk_times]
+    starts = [r.start for r in records]
+    ends = [r.end for r in records if r.end is not None]
+    if not starts or not ends:
+        return {"definition": WHOLE_RUN, "completed": 0, "failed": len(records),
+                "duration_s": None, "output_tok_s": None, "request_s": None,
+                "total_tok_s": None, "total_output_tokens": 0, "total_input_tokens": 0,
+                "ttft_ms": bench_stats([]), "tpot_ms": bench_stats([]),
+                "itl_ms": bench_stats([]), "e2el_ms": bench_stats([])}
+    dur = max(ends) - min(starts)
+    out_tokens = sum(r.completion_tokens or 0 for r in ok)
+    in_tokens = sum(r.prompt_tokens or 0 for r in ok)
+    ttfts, tpots, itls, e2els = [], [], [], []
+    for r in ok:
+        ttft = r.chunk_times[0] - r.start
+        latency = r.chunk_times[-1] - r.start
+        ttfts.append(ttft)
+        e2els.append(latency)
+        n = r.completion_tokens or 0
+        if n > 1:
+            tpots.append((latency - ttft) / (n - 1))
+        itls.extend(r.itls)
+    return {
+        "definition": WHOLE_RUN,
+        "completed": len(ok),
+        "failed": len(records) - len(ok),
+        "duration_s": round(dur, 6),
+        "total_output_tokens": out_tokens,
+        "total_input_tokens": in_tokens,
+        "output_tok_s": round(out_tokens / dur, 3) if dur > 0 else None,
+        "request_s": round(len(ok) / dur, 4) if dur > 0 else None,
+        "total_tok_s": round((out_tokens + in_tokens) / dur, 3) if dur > 0 else None,
+        "ttft_ms": bench_stats(ttfts),
+        "tpot_ms": bench_stats(tpots),
+        "itl_ms": bench_stats(itls),
+        "e2el_ms": bench_stats(e2els),
+    }
+
+
+def _rounded(iv, digits=3):
+    out = {}
+    for k, v in iv.items():
+        out[k] = round(v, digits) if isinstance(v, float) else v
+    return out
+
+
+def window_batches(records, w0, w1, batches=PRECISION_BATCHES):
+    """Output tok/s of each of ``batches`` equal sub-windows of [w0, w1]: every successful
+    request's usage tokens spread evenly over its token chunks, each chunk counted in the
+    sub-window it arrived in (smoother than counting whole requests at their completion,
+    which at low concurrency puts 0 or 1 completions in a sub-window)."""
+    width = (w1 - w0) / float(batches)
+    tokens = [0.0] * batches
+    for r in records:
+        if not (r.ok and r.chunk_times and r.completion_tokens):
+            continue
+        weight = r.completion_tokens / float(len(r.chunk_times))
+        for t in r.chunk_times:
+            if w0 < t <= w1:
+                tokens[min(batches - 1, int((t - w0) / width))] += weight
+    return [t / width for t in tokens]
+
+
+def precision(records, w0, w1, measured, value=None, seed=0):
+    """Confidence intervals (95 %) of the window's output tok/s (batch means, centred on the
+    window's figure ``value``) and TTFT p50 (bootstrap of the measured requests); see the
+    module docstring."""
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_compare import (
+        CompareError, batch_means_interval, bootstrap_interval)
+    out = {}
+    try:
+        iv = batch_means_interval(window_batches(records, w0, w1), PRECISION_BATCHES)
+        if value is not None:
+            half = iv["ci_high"] - iv["value"]
+            iv.update(value=value, ci_low=value - half, ci_high=value + half,
+                      half_width_pct=(100.0 * half / value) if value else None)
+        out["output_tok_s"] = _rounded(iv)
+    except CompareError:
+        out["output_tok_s"] = None
+    ttfts = [r.ttft for r in measured if r.ttft is not None]
+    try:
+        iv = bootstrap_interval([t * 1000.0 for t in ttfts], statistics.median,
+                                resamples=BOOTSTRAP_RESAMPLES, seed=seed)
+        out["ttft_ms_p50"] = _rounded(iv)
+    except CompareError:
+        out["ttft_ms_p50"] = None
+    return out
+
+
 def output_length_check(records, expected):
     """Successful requests whose usage.completion_tokens != expected; marked past 1 %."""
     ok = [r for r in records if r.ok]
@@ -256,6 +380,9 @@ def summarize_level(records, concurrency, w0, w1, expected_tokens, slo=None):
     else:
         summary["goodput"] = None
     summary["slo"] = slo_verdict(summary, slo)
+    summary["definition"] = STEADY_STATE
+    summary["precision"] = precision(records, w0, w1, measured, summary["output_tok_s"])
+    summary["whole_run"] = whole_run(records)
     return summary
 
 
@@ -477,9 +604,9 @@ def server_cross_check(before, after, records):
 
 def format_table(levels):
     """Plain-text per-level table (list of lines) for logs and the demo."""
-    head = ("%5s %6s %6s %10s %10s %9s %9s %9s %9s %7s  %s"
-            % ("conc", "ok", "fail", "out_tok/s", "tot_tok/s", "ttft_p50", "ttft_p99",
-               "tpot_p50", "tpot_p99", "srv_chk", "flags"))
+    head = ("%5s %6s %6s %10s %6s %10s %9s %9s %9s %9s %7s | %10s %9s  %s"
+            % ("conc", "ok", "fail", "out_tok/s", "+-95%", "tot_tok/s", "ttft_p50", "ttft_p99",
+               "tpot_p50", "tpot_p99", "srv_chk", "run_tok/s", "run_ttft", "flags"))
     lines = [head]
     for s in levels:
         flags = []
@@ -492,11 +619,20 @@ def format_table(levels):
         if (s.get("slo") or {}).get("met") is False:
             flags.append("slo-broken")
         chk = (s.get("server_check") or {}).get("match")
-        lines.append("%5d %6d %6d %10.1f %10.1f %9s %9s %9s %9s %7s  %s" % (
+        prec = (s.get("precision") or {}).get("output_tok_s") or {}
+        whole = s.get("whole_run") or {}
+        hw = prec.get("half_width_pct")
+        lines.append("%5d %6d %6d %10.1f %6s %10.1f %9s %9s %9s %9s %7s | %10s %9s  %s" % (
             s["concurrency"], s["requests_ok"], s["requests_failed"], s["output_tok_s"],
+            "-" if hw is None else "%.1f%%" % hw,
             s["total_tok_s"], _fmt(s["ttft_ms"]["p50"]), _fmt(s["ttft_ms"]["p99"]),
             _fmt(s["tpot_ms"]["p50"]), _fmt(s["tpot_ms"]["p99"]),
-            "n/a" if chk is None else ("ok" if chk else "DIFF"), ",".join(flags)))
+            "n/a" if chk is None else ("ok" if chk else "DIFF"),
+            _fmt(whole.get("output_tok_s")), _fmt((whole.get("ttft_ms") or {}).get("median")),
+            ",".join(flags)))
+    lines.append("left of |: steady_state window (+-95%: output tok/s interval half-width); "
+                 "right: whole_run as vllm bench serve (first send to last completion; "
+                 "run_ttft = TTFT median, ms)")
     return lines
 
 

@@ -45,6 +45,12 @@ CSV_COLUMNS = (
        "server_output_tokens", "client_prompt_tokens", "server_prompt_tokens",
        "server_check_match", "client_cpu_ms_per_1k_output_tokens", "client_limited", "flags",
        "saturation_signal"]
+    # the window's 95 % intervals, then the whole-run figures (vllm bench serve's definition)
+    + ["output_tok_s_ci_low", "output_tok_s_ci_high", "ttft_p50_ci_low_ms", "ttft_p50_ci_high_ms",
+       "whole_run_duration_s", "whole_run_completed", "whole_run_output_tok_s",
+       "whole_run_ttft_mean_ms", "whole_run_ttft_median_ms", "whole_run_ttft_p99_ms",
+       "whole_run_tpot_mean_ms", "whole_run_tpot_median_ms", "whole_run_itl_median_ms",
+       "whole_run_e2el_median_ms"]
 )
 
 
@@ -77,6 +83,25 @@ def compact_level(level):
     if check.get("match") is False:
         flags.append("server-count-diff")
     out["flags"] = flags
+    out["definition"] = level.get("definition", "steady_state")
+    prec = level.get("precision") or {}
+    if prec:
+        out["precision"] = dict(
+            (k, None if not v else dict((f, v.get(f)) for f in
+                                        ("value", "ci_low", "ci_high", "half_width_pct",
+                                         "confidence", "n", "df", "method")))
+            for k, v in prec.items())
+    run = level.get("whole_run")
+    if run:
+        out["whole_run"] = dict((k, run.get(k)) for k in (
+            "definition", "duration_s", "completed", "failed", "output_tok_s", "total_tok_s",
+            "request_s"))
+        for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+            stats = run.get(key) or {}
+            out["whole_run"][key] = dict((p, stats.get(p)) for p in
+                                         ("mean", "median", "p99") if p in stats)
+    if level.get("repeats"):
+        out["repeats"] = level["repeats"]
     if level.get("goodput") is not None:
         out["goodput"] = level.get("goodput")
     if level.get("saturation_signal"):
@@ -217,6 +242,18 @@ def level_row(level):
     row["client_limited"] = client.get("client_limited")
     row["flags"] = ";".join(level_flags(level))
     row["saturation_signal"] = level.get("saturation_signal")
+    prec = level.get("precision") or {}
+    tok, ttft = prec.get("output_tok_s") or {}, prec.get("ttft_ms_p50") or {}
+    row["output_tok_s_ci_low"], row["output_tok_s_ci_high"] = tok.get("ci_low"), tok.get("ci_high")
+    row["ttft_p50_ci_low_ms"], row["ttft_p50_ci_high_ms"] = ttft.get("ci_low"), ttft.get("ci_high")
+    run = level.get("whole_run") or {}
+    row["whole_run_duration_s"] = run.get("duration_s")
+    row["whole_run_completed"] = run.get("completed")
+    row["whole_run_output_tok_s"] = run.get("output_tok_s")
+    for lat, stats in (("ttft", ("mean", "median", "p99")), ("tpot", ("mean", "median")),
+                       ("itl", ("median",)), ("e2el", ("median",))):
+        for st in stats:
+            row["whole_run_%s_%s_ms" % (lat, st)] = (run.get(lat + "_ms") or {}).get(st)
     return row
 
 
@@ -248,15 +285,19 @@ def stop_lines(run):
 def run_table(run):
     """The per-level table of one run (list of lines)."""
     lines = ["%s (%s)" % (run["label"], run["path"]),
-             "%5s %10s %10s %9s %9s %9s %9s %5s  %s"
-             % ("conc", "out_tok/s", "tot_tok/s", "ttft_p50", "ttft_p99", "tpot_p50",
-                "tpot_p99", "fail", "flags")]
+             "%5s %10s %6s %10s %9s %9s %9s %9s %5s | %10s %9s  %s"
+             % ("conc", "out_tok/s", "+-95%", "tot_tok/s", "ttft_p50", "ttft_p99", "tpot_p50",
+                "tpot_p99", "fail", "run_tok/s", "run_ttft", "flags")]
     for lv in run["levels"]:
         t, p = lv.get("ttft_ms") or {}, lv.get("tpot_ms") or {}
-        lines.append("%5d %10.1f %10s %9s %9s %9s %9s %5s  %s" % (
-            lv["concurrency"], lv["output_tok_s"], _f(lv.get("total_tok_s")),
+        prec = (lv.get("precision") or {}).get("output_tok_s") or {}
+        whole = lv.get("whole_run") or {}
+        lines.append("%5d %10.1f %6s %10s %9s %9s %9s %9s %5s | %10s %9s  %s" % (
+            lv["concurrency"], lv["output_tok_s"], _f(prec.get("half_width_pct"), "%.1f%%"),
+            _f(lv.get("total_tok_s")),
             _f(t.get("p50")), _f(t.get("p99")), _f(p.get("p50"), "%.2f"),
             _f(p.get("p99"), "%.2f"), lv.get("requests_failed", "-"),
+            _f(whole.get("output_tok_s")), _f((whole.get("ttft_ms") or {}).get("median")),
             ",".join(level_flags(lv))))
     h = run["headline"]
     lines.append("single stream: %s tok/s; peak: %s tok/s at concurrency %s"
@@ -264,7 +305,9 @@ def run_table(run):
                     h.get("peak_level", "-")))
     lines.extend(stop_lines(run))
     lines.append("(ms; TTFT = first token - request sent; TPOT = (E2E - TTFT)/(N - 1); "
-                 "tok/s over each level's steady-state window)")
+                 "left of |: steady_state (each level's window; +-95% = the half-width of the "
+                 "output tok/s interval); right of |: whole_run as vllm bench serve computes "
+                 "it (all requests, first send to last completion; run_ttft = TTFT median)")
     return lines
 
 

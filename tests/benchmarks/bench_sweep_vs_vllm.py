@@ -22,6 +22,14 @@ max(8 C, the previous ours run's window request count) prompts, rounded up to a 
 (equal-length requests then run in full waves, so its ramp-up and tail are short). The
 server's /metrics (vllm:generation_tokens_total) is read before and after every run.
 
+Definitions: by default (--definition whole_run) our figures are the level's ``whole_run``
+block, computed the way `vllm bench serve` computes its own (all requests of the level, first
+send to last completion, TTFT/TPOT medians), and vllm bench gets as many prompts as our
+previous run sent in all (``requests_total``): the like-for-like comparison.
+--definition steady_state compares our steady-state window (``output_tok_s``, ``ttft_ms.p50``)
+with vllm bench's whole-run figures instead (what the sweep headline reports; not the same
+definition, so ramp-up and drain show up as a difference). The report says which.
+
 Reported per level: each tool's median over reps of output tok/s, TTFT p50 and TPOT p50;
 ratio of the medians (ours / vllm); each tool's spread (max / min over its reps); the paired
 ratio (median over reps of ours_i / vllm_i, adjacent runs, so server drift cancels); token
@@ -63,6 +71,13 @@ TOLERANCE = 0.03        # tok/s and TTFT p50: |ours / vllm - 1| <= 3 %
 CPU_RATIO_MAX = 0.5     # our client CPU per token at most half of vllm bench's
 METRICS = ("output_tok_s", "ttft_p50_ms", "tpot_p50_ms", "cpu_ms_per_1k", "cpu_ms_per_1k_net")
 BUDGET_RESERVE_S = 20.0  # kept back for stopping workers/server and printing
+DEFINITIONS = ("whole_run", "steady_state")
+DEFINITION_TEXT = {
+    "whole_run": "whole_run: both tools' figures over all requests, first send to last "
+                 "completion (vllm bench serve's definition)",
+    "steady_state": "steady_state: our steady-state window against vllm bench's whole run "
+                    "(NOT the same definition: ramp-up and drain differ)",
+}
 
 
 # ---------------------------------------------------------------------------------------
@@ -73,16 +88,20 @@ def job_order(reps):
     return [("ours", "vllm") if i % 2 == 0 else ("vllm", "ours") for i in range(reps)]
 
 
-def choose_num_prompts(concurrency, prev_ours=None, duration_s=None):
+def choose_num_prompts(concurrency, prev_ours=None, duration_s=None, definition="steady_state"):
     """--num-prompts for `vllm bench serve` at this concurrency.
 
-    As many as our previous run completed in its window (``requests_in_window``), else an
-    estimate from its request rate over ``duration_s``; at least 8 * C; rounded up to a
-    multiple of C so that the last wave of equal-length requests is full.
+    With the whole_run definition, as many as our previous run sent in all
+    (``requests_total``: warm-up, window and drain). Otherwise as many as it completed in its
+    window (``requests_in_window``), else an estimate from its request rate over
+    ``duration_s``; at least 8 * C; rounded up to a multiple of C so that the last wave of
+    equal-length requests is full.
     """
     n = 0
     if prev_ours:
-        if prev_ours.get("requests_in_window"):
+        if definition == "whole_run" and prev_ours.get("requests_total"):
+            n = int(prev_ours["requests_total"])
+        elif prev_ours.get("requests_in_window"):
             n = int(prev_ours["requests_in_window"])
         elif prev_ours.get("request_s") and duration_s:
             n = int(round(prev_ours["request_s"] * duration_s))
@@ -117,18 +136,36 @@ def server_delta(before, after, key="output_tokens"):
     return int(round(after[key] - before[key]))
 
 
-def ours_record(result, cpu_s, wall_s, before=None, after=None):
-    """One run of our client, from run_sweep's result for a single level."""
+def ours_record(result, cpu_s, wall_s, before=None, after=None, definition="steady_state"):
+    """One run of our client, from run_sweep's result for a single level; the compared
+    figures follow ``definition`` (whole_run: the level's whole_run block; steady_state: its
+    window), the other definition's are kept as window_* / whole_run_*."""
     lv = result["levels"][0]
     sc = lv.get("server_check") or {}
     cl = lv.get("client") or {}
     srv = server_delta(before, after)
     client_tokens = sc.get("client_output_tokens")
+    run = lv.get("whole_run") or {}
+    window = {"output_tok_s": lv.get("output_tok_s"),
+              "ttft_p50_ms": (lv.get("ttft_ms") or {}).get("p50"),
+              "tpot_p50_ms": (lv.get("tpot_ms") or {}).get("p50")}
+    whole = {"output_tok_s": run.get("output_tok_s"),
+             "ttft_p50_ms": (run.get("ttft_ms") or {}).get("median"),
+             "tpot_p50_ms": (run.get("tpot_ms") or {}).get("median")}
+    used = whole if definition == "whole_run" else window
     return {
         "tool": "ours", "ok": not lv.get("aborted"), "error": lv.get("aborted"),
-        "output_tok_s": lv.get("output_tok_s"),
-        "ttft_p50_ms": (lv.get("ttft_ms") or {}).get("p50"),
-        "tpot_p50_ms": (lv.get("tpot_ms") or {}).get("p50"),
+        "definition": definition,
+        "output_tok_s": used["output_tok_s"],
+        "ttft_p50_ms": used["ttft_p50_ms"],
+        "tpot_p50_ms": used["tpot_p50_ms"],
+        "window_output_tok_s": window["output_tok_s"],
+        "window_ttft_p50_ms": window["ttft_p50_ms"],
+        "whole_run_output_tok_s": whole["output_tok_s"],
+        "whole_run_ttft_p50_ms": whole["ttft_p50_ms"],
+        "output_tok_s_ci_pct": ((lv.get("precision") or {}).get("output_tok_s") or {}).get(
+            "half_width_pct"),
+        "requests_total": lv.get("requests_total"),
         "client_tokens": client_tokens, "server_tokens": srv,
         "cpu_s": cpu_s, "wall_s": wall_s,
         "cpu_ms_per_1k": cpu_ms_per_1k(cpu_s, srv if srv else client_tokens),
@@ -588,7 +625,7 @@ class Bench(object):
             job = {"params": ours_params(self.args, self.base, c, self.vocab_size, seed)}
             n = None
         else:
-            n = choose_num_prompts(c, prev_ours, self.args.duration_s)
+            n = choose_num_prompts(c, prev_ours, self.args.duration_s, self.args.definition)
             fname = "vllm-c%d-r%d.json" % (c, rep)
             job = {"argv": vllm_argv(self.args, self.base, c, n, seed, self.work, fname)}
         msg = self.workers[tool].call(job, self.job_timeout())
@@ -598,7 +635,8 @@ class Bench(object):
                    "wall_s": msg["wall_s"], "server_tokens": server_delta(before, after),
                    "client_tokens": None, "num_prompts": n}
         elif tool == "ours":
-            rec = ours_record(msg["result"], msg["cpu_s"], msg["wall_s"], before, after)
+            rec = ours_record(msg["result"], msg["cpu_s"], msg["wall_s"], before, after,
+                              self.args.definition)
         else:
             path = os.path.join(self.work, fname)
             if os.path.exists(path):
@@ -716,6 +754,8 @@ def format_report(report, tolerance=TOLERANCE, cpu_ratio_max=CPU_RATIO_MAX):
         level["aggregate"] = aggregate_level(level["runs"])
         level["verdicts"] = verdicts(level["aggregate"], tolerance, cpu_ratio_max)
     lines.append("")
+    definition = args.get("definition") or "steady_state"
+    lines.append("definition: %s" % DEFINITION_TEXT.get(definition, definition))
     lines.append("input %d / output %d tokens, window %g s, %d reps per level (order O V, V O, "
                  "...); ratios are ours / vllm bench serve" % (
                      args["input_len"], args["output_len"], args["duration_s"], args["reps"]))
@@ -830,6 +870,9 @@ def parse_args(argv):
     ap.add_argument("--time-budget-s", type=float,
                     help="stop starting new reps/levels when what is left would not fit")
     ap.add_argument("--json-out", help="also write all numbers here")
+    ap.add_argument("--definition", choices=DEFINITIONS, default="whole_run",
+                    help="which of our figures to compare with vllm bench's (default whole_run, "
+                         "its own definition)")
     args = ap.parse_args(argv)
     try:
         args.levels = [int(x) for x in args.levels.split(",")]

@@ -6,6 +6,7 @@ started here on a free port in 18000-18099 and stopped at the end. VD_TINY_MODEL
 an already-made tiny model directory instead of running tests/harness/make_tiny_model.py.
 The module runs through the real `ansible` CLI (next to this pytest's python).
 """
+import contextlib
 import json
 import os
 import re
@@ -50,14 +51,21 @@ def server(tmp_path_factory):
         subprocess.run([VLLM_PYTHON, os.path.join(ROOT, "tests", "harness", "make_tiny_model.py"), model],
                        check=True)
     port = free_port()
-    log = open(str(tmp / "vllm.log"), "w")
+    with vllm_server(tmp, model, port, "vllm.log") as base:
+        yield {"base": base, "tmp": tmp, "model": model, "port": port}
+
+
+@contextlib.contextmanager
+def vllm_server(tmp, model, port, log_name, extra=()):
+    """A vLLM CPU server of ``model`` on ``port``, healthy; stopped on exit."""
+    log = open(str(tmp / log_name), "w")
     # --kv-cache-memory-bytes: the CPU backend otherwise reserves 92 % of the NUMA node's
     # memory and refuses to start when other processes hold some of it.
     proc = subprocess.Popen(
         [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
          "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
          "--dtype", "float32", "--max-model-len", "512",
-         "--kv-cache-memory-bytes", str(128 << 20)],
+         "--kv-cache-memory-bytes", str(128 << 20)] + list(extra),
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = "http://127.0.0.1:%d" % port
     try:
@@ -73,8 +81,8 @@ def server(tmp_path_factory):
                 pass
             if time.time() > deadline:
                 pytest.fail("vLLM not healthy after 600 s, see %s" % log.name)
-            time.sleep(2)
-        yield {"base": base, "tmp": tmp, "model": model, "port": port}
+            time.sleep(1)
+        yield base
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -84,13 +92,14 @@ def server(tmp_path_factory):
         log.close()
 
 
-def run_module(args, check=False):
-    """Run vllm_ops.deploy.vllm_sweep through the ansible CLI; return (result dict, stdout)."""
+def run_module(args, check=False, module="vllm_ops.deploy.vllm_sweep"):
+    """Run a module (vllm_sweep by default) through the ansible CLI; return (result dict,
+    stdout)."""
     env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
                ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
     cmd = [ANSIBLE, "localhost", "-i", "localhost,", "-c", "local",
            "-e", "ansible_python_interpreter=%s" % VLLM_PYTHON,
-           "-m", "vllm_ops.deploy.vllm_sweep", "-a", json.dumps(args)]
+           "-m", module, "-a", json.dumps(args)]
     if check:
         cmd.append("--check")
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
@@ -502,3 +511,64 @@ def test_a_switched_profile_is_measured_again_an_unchanged_one_is_not(profile_ru
     assert main4["provenance"]["argv"] == main3["provenance"]["argv"]
     assert "stored result: configuration unchanged" not in out4
     assert len({main1["fingerprint"], main3["fingerprint"], main4["fingerprint"]}) == 3
+
+
+# --- vllm_correctness: greedy decoding with logprobs against a reference ---------------------
+
+CORRECTNESS = "vllm_ops.deploy.vllm_correctness"
+
+
+def test_correctness_of_the_same_server_twice_is_an_exact_match(server):
+    first, stdout = run_module({"base_url": server["base"] + "/v1", "model": "tiny",
+                                "api_key": API_KEY, "max_tokens": 16}, module=CORRECTNESS)
+    assert not first.get("failed"), first.get("msg")
+    assert API_KEY not in stdout and first["changed"] is False
+    ref = first["ansible_facts"]["vllm_correctness"]
+    assert ref["passed"] is None and ref["comparison"] is None  # no reference yet
+    assert ref["endpoint"] == server["base"] and ref["parameters"]["prompt_set"] == "builtin"
+    assert len(ref["outputs"]) == 8
+    for o in ref["outputs"]:
+        assert len(o["token_ids"]) == len(o["top1_logprobs"]) == 16
+        assert all(0 <= t < 4096 for t in o["token_ids"])
+        # greedy: every generated token is the top-1 (its logprob is the largest returned)
+        assert o["logprobs"] == o["top1_logprobs"]
+        assert all(lp <= 0 for lp in o["logprobs"])
+    # the stored result as the reference (as read back from the inventory), in check mode too
+    again, _unused = run_module({"base_url": server["base"], "model": "tiny",
+                                 "reference": ref, "fail_on_mismatch": True},
+                                module=CORRECTNESS, check=True)
+    assert not again.get("failed"), again.get("msg")
+    c = again["ansible_facts"]["vllm_correctness"]["comparison"]
+    assert c["token_match_rate"] == c["prefix_match_rate"] == 1.0, c
+    assert c["exact_match_prompts"] == 8 and c["logprob_gap_max"] == 0.0
+    assert again["ansible_facts"]["vllm_correctness"]["passed"] is True
+    assert again["summary"].startswith("PASS")
+    # a reference made with other settings is refused, naming the setting
+    other, _unused = run_module({"base_url": server["base"], "model": "tiny",
+                                 "reference": ref, "max_tokens": 8}, module=CORRECTNESS)
+    assert other["failed"] is True and "max_tokens=16" in other["msg"]
+
+
+@pytest.fixture(scope="module")
+def penalized_server(server):
+    """The same model and weights, served with a generation-config override that changes
+    greedy outputs (a repetition penalty applies to every request that does not set one):
+    the kind of wrong knob a correctness gate must catch."""
+    port = free_port()
+    with vllm_server(server["tmp"], server["model"], port, "vllm-penalized.log",
+                     ["--override-generation-config", '{"repetition_penalty": 2.0}']) as base:
+        yield base
+
+
+def test_correctness_detects_a_server_that_decodes_differently(server, penalized_server):
+    res, _unused = run_module({"base_url": penalized_server, "model": "tiny",
+                               "reference_base_url": server["base"], "max_tokens": 16,
+                               "prompts": ["the model token server", [5, 6, 7, 8, 9, 10]],
+                               "fail_on_mismatch": True}, module=CORRECTNESS)
+    assert res["failed"] is True and res["msg"].startswith("correctness check failed: FAIL")
+    result = res["ansible_facts"]["vllm_correctness"]
+    c = result["comparison"]
+    assert result["passed"] is False and c["failures"], c
+    assert c["token_match_rate"] < 0.9 and c["exact_match_prompts"] < 2, c
+    assert result["reference"]["endpoint"] == server["base"]
+    assert len(result["reference_outputs"]) == 2

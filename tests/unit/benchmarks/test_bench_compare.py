@@ -97,8 +97,8 @@ def test_ours_record_from_a_level_summary():
     # window (1, 4]: requests ending at 2, 3, 4 for each of 2 workers = 6 requests, 66 tokens
     # over 3 s = 22 tok/s; TTFT 100 ms; TPOT (1.0 - 0.1) / 10 = 90 ms; 110 tokens in all
     rec = bc.ours_record(_sweep_result(), 0.55, 6.0, {"output_tokens": 10.0},
-                         {"output_tokens": 120.0})
-    assert rec["ok"] is True
+                         {"output_tokens": 120.0}, "steady_state")
+    assert rec["ok"] is True and rec["definition"] == "steady_state"
     assert rec["output_tok_s"] == pytest.approx(22.0)
     assert rec["ttft_p50_ms"] == pytest.approx(100.0)
     assert rec["tpot_p50_ms"] == pytest.approx(90.0)
@@ -108,6 +108,26 @@ def test_ours_record_from_a_level_summary():
     assert rec["client_limited"] is True
     assert rec["client_limited_reasons"] == ["event-loop lag p99 12.0 ms > 10.0 ms"]
     assert rec["seed"] == 42
+
+
+def test_ours_record_whole_run_uses_vllm_bench_serves_definition():
+    # all 10 requests of 2 workers: 0..5 s, 110 tokens / 5 s = 22 tok/s as well here, but the
+    # figures come from the whole_run block; TTFT median 100 ms; latency to the last chunk
+    res = _sweep_result()
+    run = res["levels"][0]["whole_run"]
+    rec = bc.ours_record(res, 0.55, 6.0, definition="whole_run")
+    assert rec["definition"] == "whole_run"
+    assert rec["output_tok_s"] == run["output_tok_s"] == rec["whole_run_output_tok_s"]
+    assert rec["ttft_p50_ms"] == run["ttft_ms"]["median"] == pytest.approx(100.0)
+    assert rec["tpot_p50_ms"] == run["tpot_ms"]["median"]
+    assert rec["window_output_tok_s"] == pytest.approx(22.0)
+    assert rec["requests_total"] == res["levels"][0]["requests_total"]
+    # vllm bench then gets as many prompts as we sent in all
+    assert bc.choose_num_prompts(2, {"requests_total": 11, "requests_in_window": 6},
+                                 definition="whole_run") == 16
+    assert bc.choose_num_prompts(2, {"requests_total": 21, "requests_in_window": 6},
+                                 definition="whole_run") == 22
+    assert bc.choose_num_prompts(2, {"requests_total": 21, "requests_in_window": 17}) == 18
 
 
 def test_ours_record_without_metrics_uses_client_tokens_and_flags_an_abort():

@@ -303,3 +303,75 @@ def test_check_params_accepts_defaults():
         check_params, default_min_requests)
     check_params(good_params())
     assert default_min_requests(1) == 8 and default_min_requests(16) == 32
+
+
+# --- both definitions: the window and the whole run as vllm bench serve computes it ----------
+
+def test_whole_run_is_vllm_bench_serves_definition():
+    """All requests, duration from the first send to the last completion (a failed request's
+    end included), latency to the last token chunk, TPOT over it, numpy's statistics."""
+    import numpy as np
+    records = [
+        rec(0.0, 1.05, ct=10, pt=5, chunks=[0.1 * i for i in range(1, 11)]),   # warm-up
+        rec(0.5, 2.0, ct=10, pt=5, chunks=[0.6 + 0.1 * i for i in range(10)]),
+        rec(1.0, 3.5, ct=10, pt=5, chunks=[1.5 + 0.2 * i for i in range(10)]),  # drain
+        rec(1.2, 4.0, error="HTTP 500: boom"),
+    ]
+    w = summarize_level(records, 2, 1.05, 2.0, 10)
+    assert w["definition"] == "steady_state"
+    run = w["whole_run"]
+    assert run["definition"].startswith("whole_run")
+    assert run["duration_s"] == pytest.approx(4.0)
+    assert run["completed"] == 3 and run["failed"] == 1 and run["total_output_tokens"] == 30
+    assert run["output_tok_s"] == pytest.approx(30 / 4.0)
+    assert run["total_tok_s"] == pytest.approx(45 / 4.0)
+    assert run["request_s"] == pytest.approx(3 / 4.0, abs=1e-4)
+    ttfts = [0.1, 0.1, 0.5]
+    lat = [r.chunk_times[-1] - r.start for r in records[:3]]
+    tpots = [(a - b) / 9 for a, b in zip(lat, ttfts)]
+    itls = [g for r in records[:3] for g in r.itls]
+    for key, xs in (("ttft_ms", ttfts), ("e2el_ms", lat), ("tpot_ms", tpots), ("itl_ms", itls)):
+        got = run[key]
+        arr = np.array(xs) * 1000
+        assert got["count"] == len(xs)
+        assert got["mean"] == pytest.approx(np.mean(arr), abs=1e-3), key
+        assert got["median"] == pytest.approx(np.median(arr), abs=1e-3), key
+        assert got["std"] == pytest.approx(np.std(arr), abs=1e-3), key
+        for p in (50, 90, 99):
+            assert got["p%d" % p] == pytest.approx(np.percentile(arr, p), abs=1e-3), key
+    # the window figure differs: only the request that completed inside (1.05, 2.0]
+    assert w["output_tok_s"] == pytest.approx(10 / 0.95, abs=1e-3)
+
+
+def test_whole_run_of_nothing_is_empty_not_an_error():
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import whole_run
+    run = whole_run([])
+    assert run["completed"] == 0 and run["output_tok_s"] is None
+    assert run["ttft_ms"]["mean"] == 0.0  # numpy's np.mean(ttfts or 0), as vllm bench prints
+
+
+def test_precision_intervals_bracket_the_window_figures():
+    # a steady closed loop: one request of 10 tokens every 0.1 s, chunks evenly spread
+    records = []
+    for i in range(200):
+        s = 0.1 * i
+        records.append(rec(s, s + 1.0, ct=10, chunks=[s + 0.05 + 0.1 * k for k in range(10)]))
+    w = summarize_level(records, 10, 2.0, 18.0, 10)
+    tok = w["precision"]["output_tok_s"]
+    assert tok["value"] == w["output_tok_s"]
+    assert tok["ci_low"] <= w["output_tok_s"] <= tok["ci_high"]
+    assert tok["half_width_pct"] < 1.0 and tok["n"] == 10 and "batch means" in tok["method"]
+    ttft = w["precision"]["ttft_ms_p50"]
+    assert ttft["value"] == w["ttft_ms"]["p50"] == pytest.approx(50.0)
+    assert ttft["ci_low"] <= ttft["value"] <= ttft["ci_high"]
+
+
+def test_precision_grows_with_bursty_output():
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import precision
+    steady = [rec(0.1 * i, 0.1 * i + 1, ct=10, chunks=[0.1 * i + 0.05 + 0.1 * k for k in range(10)])
+              for i in range(200)]
+    bursty = [rec(t, t + 0.5, ct=10, chunks=[t + 0.05 * (k + 1) for k in range(10)])
+              for t in [2.0 * (i // 20) + 0.001 * i for i in range(200)]]
+    a = precision(steady, 2.0, 18.0, steady, 100.0)["output_tok_s"]
+    b = precision(bursty, 2.0, 18.0, bursty, 100.0)["output_tok_s"]
+    assert b["half_width_pct"] > 5 * a["half_width_pct"]
