@@ -39,16 +39,6 @@ def _mods():
     return vt, rep, load_profile
 
 
-def _logprob_outputs(probe):
-    """Per prompt {'tokens', 'logprobs'} from the completions API's logprobs object."""
-    out = []
-    for lp in probe or []:
-        lp = lp or {}
-        out.append({"tokens": list(lp.get("tokens") or []),
-                    "logprobs": list(lp.get("token_logprobs") or [])})
-    return out
-
-
 class TuneResult(dict):
     """The write-back document (dict) plus .reports (paths) and .path (host_vars file)."""
 
@@ -170,7 +160,7 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
         combined = vt.combine_instances(m["levels"])
         points[cand["id"]] = (cand["layout"]["tensor_parallel"] * cand["layout"]["data_parallel"]
                               * cand["layout"]["instances"], combined)
-        outs = _logprob_outputs(m.get("correctness"))
+        outs = m.get("correctness")
         outputs.setdefault(cand["id"], outs)
         run["stop_reasons"] = m.get("stop_reasons")
         sc = vt.score(combined)
@@ -186,9 +176,13 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
                 ref_holder.update(id=cand["id"], outputs=outs)
         if "id" not in ref_holder:  # a named reference not measured yet: compare later
             return None
-        g = vt.compare_outputs(ref_holder["outputs"], outs, min_match, max_logprob_gap)
-        g["reference"] = ref_holder["id"]
-        return g
+        thresholds = {"min_token_match_rate": min_match}
+        if max_logprob_gap is not None:
+            thresholds["max_logprob_gap_max"] = max_logprob_gap
+        from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_correctness import (
+            DEFAULT_THRESHOLDS)
+        return vt.gate(ref_holder["outputs"], outs, ref_holder["id"],
+                       dict(DEFAULT_THRESHOLDS, **thresholds))
 
     order = list(cands)
     if reference is not None:

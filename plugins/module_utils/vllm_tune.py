@@ -13,6 +13,7 @@ import itertools
 import math
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils import capacity_plan
+from ansible_collections.vllm_ops.deploy.plugins.module_utils import sweep_compare
 
 __metaclass__ = type
 
@@ -353,6 +354,15 @@ def combine_instances(per_instance):
             vals = [v for v in vals if v is not None]
             return max(vals) if vals else None
 
+        precs = [((lv.get("precision") or {}).get("output_tok_s") or {}) for lv in group]
+        prec = None
+        if all(p.get("value") is not None and p.get("ci_high") is not None for p in precs):
+            half = math.sqrt(sum((p["ci_high"] - p["value"]) ** 2 for p in precs))
+            val = sum(p["value"] for p in precs)
+            dfs = [p.get("df") for p in precs if p.get("df")]
+            prec = {"value": val, "ci_low": val - half, "ci_high": val + half,
+                    "confidence": precs[0].get("confidence") or 0.95,
+                    "df": min(dfs) if dfs else None}
         tp50 = [(lv.get("tpot_ms") or {}).get("p50") for lv in group]
         tp50 = [v for v in tp50 if v is not None]
         out.append({
@@ -367,8 +377,26 @@ def combine_instances(per_instance):
             "goodput": {"output_tok_s": round(sum(g.get("output_tok_s") or 0 for g in good), 3),
                         "request_s": round(sum(g.get("request_s") or 0 for g in good), 4)},
             "slo": {"met": met, "breaks": breaks},
+            "precision": {"output_tok_s": prec},
         })
     return out
+
+
+def goodput_measurement(levels, goodput, level):
+    """The goodput at ``level`` as a measurement for sweep_compare: the level's batch-means
+    interval of output tok/s (from the request log) scaled to the goodput, or None when the
+    sweep gave none."""
+    for lv in levels or []:
+        if lv.get("concurrency") != level:
+            continue
+        p = (lv.get("precision") or {}).get("output_tok_s") or {}
+        v = p.get("value")
+        if not v or p.get("ci_low") is None or p.get("ci_high") is None or not goodput:
+            return None
+        k = goodput / float(v)
+        return {"value": goodput, "ci_low": max(p["ci_low"] * k, 1e-9), "ci_high": p["ci_high"] * k,
+                "confidence": p.get("confidence") or 0.95, "df": p.get("df")}
+    return None
 
 
 def spread(values):
@@ -395,37 +423,15 @@ def compare(a, b, noise):
 
 # ----------------------------------------------------------------------------- correctness
 
-def compare_outputs(reference, candidate, min_match=0.9, max_logprob_gap=None):
-    """The correctness gate's comparison. ``reference`` / ``candidate``: one entry per fixed
-    prompt, {'tokens': [...], 'logprobs': [...]} from greedy decoding. Token match rate = the
-    share of positions (up to the shorter output, per prompt) where the tokens agree, counted
-    up to the first divergence of each prompt (after it, greedy outputs differ by
-    construction); top-1 logprob gap = the largest |logprob difference| over agreeing
-    positions. Passes when the match rate >= ``min_match`` (and the gap <= ``max_logprob_gap``
-    when given)."""
-    if len(reference) != len(candidate):
-        raise TuneError("correctness: %d reference outputs but %d candidate outputs"
-                        % (len(reference), len(candidate)))
-    total = matched = 0
-    gap = 0.0
-    for ref, cand in zip(reference, candidate):
-        rt, ct = ref.get("tokens") or [], cand.get("tokens") or []
-        n = max(len(rt), 1)
-        total += n
-        agree = 0
-        for i in range(min(len(rt), len(ct))):
-            if rt[i] != ct[i]:
-                break
-            agree += 1
-            rl, cl = ref.get("logprobs"), cand.get("logprobs")
-            if rl and cl and i < len(rl) and i < len(cl) and rl[i] is not None \
-                    and cl[i] is not None:
-                gap = max(gap, abs(float(rl[i]) - float(cl[i])))
-        matched += agree
-    rate = matched / float(total) if total else 0.0
-    ok = rate >= min_match and (max_logprob_gap is None or gap <= max_logprob_gap)
-    return {"token_match_rate": round(rate, 4), "top1_logprob_gap": round(gap, 5),
-            "passed": ok, "min_match": min_match, "max_logprob_gap": max_logprob_gap}
+def gate(reference_result, result, reference_id, thresholds=None):
+    """The correctness gate of one candidate: vllm_correctness.compare_outputs of its greedy
+    outputs against the reference candidate's (token match rate, prefix match, top-1 logprob
+    gap, thresholds), with the reference named."""
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils import vllm_correctness
+    out = vllm_correctness.compare_outputs(result, reference_result, thresholds)
+    out = dict((k, v) for k, v in out.items() if k != "per_prompt")
+    out["reference"] = reference_id
+    return out
 
 
 # ----------------------------------------------------------------------------- the search
@@ -544,13 +550,11 @@ def rank(results, default_noise=0.1):
         if res.get("error"):
             reason = "failed: %s" % res["error"]
         elif gate is not None and not gate.get("passed"):
-            reason = ("correctness: token match rate %.3f < %.3f" %
-                      (gate["token_match_rate"], gate["min_match"]))
-            if gate.get("max_logprob_gap") is not None and \
-                    gate["top1_logprob_gap"] > gate["max_logprob_gap"]:
-                reason += " or top-1 logprob gap %.4f > %.4f" % (
-                    gate["top1_logprob_gap"], gate["max_logprob_gap"])
+            reason = "correctness (reference %s): %s" % (gate.get("reference"),
+                                                         "; ".join(gate.get("failures") or []))
         lay = res["candidate"]["layout"]
+        meas = goodput_measurement(rounds[-1].get("sweep"), last["goodput_tok_s"],
+                                   last["goodput_level"])
         rows.append({
             "id": cid, "default": bool(res["candidate"].get("default")),
             "layout": lay, "knobs": res["candidate"]["knobs"],
@@ -563,7 +567,8 @@ def rank(results, default_noise=0.1):
             "highest_level_meeting_slo": last["highest_level_meeting_slo"],
             "goodput_by_round": goods, "noise": round(noise, 4) if noise is not None else None,
             "correctness": gate, "disqualified": reason,
-            "_cx": complexity(res["candidate"]),
+            "interval": [round(meas["ci_low"], 3), round(meas["ci_high"], 3)] if meas else None,
+            "_m": meas, "_cx": complexity(res["candidate"]),
         })
     ok = sorted([r for r in rows if not r["disqualified"]],
                 key=lambda r: (-r["rounds"], -r["goodput_tok_s"], r["_cx"]))
@@ -575,9 +580,7 @@ def rank(results, default_noise=0.1):
         for other in ok[1:]:
             if other["rounds"] != top["rounds"]:
                 break
-            n = max(top["noise"] if top["noise"] is not None else default_noise,
-                    other["noise"] if other["noise"] is not None else default_noise)
-            v = compare(top["goodput_tok_s"], other["goodput_tok_s"], n)
+            v = decide(top, other, default_noise)
             if v["verdict"] == "tie":
                 tied.append(other)
         if len(tied) > 1:
@@ -597,9 +600,31 @@ def rank(results, default_noise=0.1):
     for i, r in enumerate(ok + bad):
         r = dict(r)
         r.pop("_cx")
+        r.pop("_m")
         r["rank"] = i + 1 if not r["disqualified"] else None
         table.append(r)
     return table, decision
+
+
+def decide(a, b, default_noise=0.1):
+    """Is row ``a`` better than row ``b`` beyond the noise? Both with a request-log interval:
+    sweep_compare.compare (the whole interval of the ratio must lie above 1), and the spread
+    over rounds must not cover the ratio either; otherwise the larger spread over rounds
+    (``default_noise`` for a candidate measured once)."""
+    n = max(a["noise"] if a["noise"] is not None else default_noise,
+            b["noise"] if b["noise"] is not None else default_noise)
+    spread_v = compare(a["goodput_tok_s"], b["goodput_tok_s"], n)
+    ma, mb = a.get("_m"), b.get("_m")
+    if ma and mb and a["goodput_tok_s"] > 0 and b["goodput_tok_s"] > 0:
+        v = sweep_compare.compare(ma, mb)
+        v = {"ratio": round(v["ratio"], 4), "interval": [round(x, 4) for x in v["ratio_ci"]],
+             "verdict": v["verdict"], "reason": v["reason"], "method": "sweep_compare"}
+        if (a["noise"] is not None or b["noise"] is not None) and spread_v["verdict"] == "tie":
+            v["verdict"] = "tie"
+            v["reason"] += "; the spread over rounds (%.1f %%) covers it" % (100 * n)
+        return v
+    spread_v["method"] = "spread over rounds"
+    return spread_v
 
 
 def versus_default(table, noise_floor=0.1):
@@ -612,12 +637,18 @@ def versus_default(table, noise_floor=0.1):
     if win["id"] == dflt["id"]:
         return {"ratio": 1.0, "verdict": "the default is already best",
                 "default": dflt["id"], "winner": win["id"]}
-    n = max(win["noise"] or noise_floor, dflt["noise"] or noise_floor)
-    v = compare(win["goodput_tok_s"], dflt["goodput_tok_s"], n)
+    v = decide(dict(win, _m=_interval_m(win)), dict(dflt, _m=_interval_m(dflt)), noise_floor)
     v.update({"default": dflt["id"], "winner": win["id"]})
     if v["verdict"] != "better":
         v["verdict"] = "tie within noise: the default is as good (%s)" % v["verdict"]
     return v
+
+
+def _interval_m(row):
+    iv = row.get("interval")
+    if not iv or not row["goodput_tok_s"]:
+        return None
+    return {"value": row["goodput_tok_s"], "ci_low": iv[0], "ci_high": iv[1], "confidence": 0.95}
 
 
 def tune_document(host, slo, budget, refused, dropped, table, decision, vs_default, evidence,

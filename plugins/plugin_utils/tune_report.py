@@ -19,7 +19,7 @@ from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.sweep_report impor
 CSV_FIELDS = ["rank", "id", "default", "gpus", "instances", "tensor_parallel", "expert_parallel",
               "data_parallel", "nccl_profile", "knobs", "goodput_tok_s", "goodput_tok_s_per_gpu",
               "goodput_level", "highest_level_meeting_slo", "rounds", "window_s", "noise",
-              "token_match_rate", "top1_logprob_gap", "disqualified"]
+              "token_match_rate", "logprob_gap_max", "disqualified"]
 
 
 def table_rows(table):
@@ -41,7 +41,7 @@ def table_rows(table):
             "rounds": r["rounds"], "window_s": r["window_s"],
             "noise": r["noise"] if r["noise"] is not None else "",
             "token_match_rate": gate.get("token_match_rate", ""),
-            "top1_logprob_gap": gate.get("top1_logprob_gap", ""),
+            "logprob_gap_max": gate.get("logprob_gap_max", ""),
             "disqualified": r["disqualified"] or "",
         })
     return rows

@@ -199,7 +199,7 @@ def test_tune_disqualifies_the_wrong_candidate_and_restores(deployed, inventory,
     ids = [r["id"] for r in doc["ranked"]]
     assert set(ids) == {"tp1", BROKEN_ID, "2xtp1"}, ids
     bad = [r for r in doc["ranked"] if r["id"] == BROKEN_ID][0]
-    assert bad["rank"] is None and bad["disqualified"].startswith("correctness: token match rate")
+    assert bad["rank"] is None and bad["disqualified"].startswith("correctness (reference tp1): ")
     assert bad["correctness"]["token_match_rate"] < 0.9 and bad["correctness"]["reference"] == "tp1"
     assert bad["rounds"] == 1  # never measured again
     good = [r for r in doc["ranked"] if r["rank"]]

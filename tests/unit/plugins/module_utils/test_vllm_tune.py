@@ -126,19 +126,31 @@ def test_compare_verdicts():
     assert t.spread([90, 110]) == pytest.approx(0.2)
 
 
-def test_correctness_comparison():
-    ref = [{"tokens": [1, 2, 3, 4], "logprobs": [-0.1, -0.2, -0.3, -0.4]},
-           {"tokens": [5, 6], "logprobs": [-1.0, -1.0]}]
-    same = t.compare_outputs(ref, [dict(r) for r in ref])
-    assert same["token_match_rate"] == 1.0 and same["passed"] and same["top1_logprob_gap"] == 0
-    near = t.compare_outputs(ref, [{"tokens": [1, 2, 3, 4], "logprobs": [-0.1, -0.25, -0.3, -0.4]},
-                                   ref[1]], max_logprob_gap=0.01)
-    assert near["top1_logprob_gap"] == pytest.approx(0.05) and not near["passed"]
-    # a divergence at position 1 counts every later position as unmatched
-    bad = t.compare_outputs(ref, [{"tokens": [1, 9, 3, 4]}, {"tokens": [7, 6]}])
-    assert bad["token_match_rate"] == pytest.approx(1 / 6.0, abs=1e-4) and not bad["passed"]
-    with pytest.raises(t.TuneError, match="2 reference outputs but 1"):
-        t.compare_outputs(ref, ref[:1])
+def _outs(*seqs):
+    return {"outputs": [{"token_ids": list(q), "top1_logprobs": [-0.1] * len(q)} for q in seqs]}
+
+
+def test_gate_uses_the_shared_correctness_comparison():
+    ref = _outs([1, 2, 3, 4], [5, 6])
+    same = t.gate(ref, _outs([1, 2, 3, 4], [5, 6]), "tp1")
+    assert same["passed"] and same["token_match_rate"] == 1.0 and same["reference"] == "tp1"
+    bad = t.gate(ref, _outs([1, 9, 9, 9], [7, 7]), "tp1", {"min_token_match_rate": 0.9})
+    assert not bad["passed"] and bad["token_match_rate"] < 0.9
+    assert any("token_match_rate" in f for f in bad["failures"])
+    assert "per_prompt" not in bad
+
+
+def test_decide_uses_request_log_intervals():
+    a = {"goodput_tok_s": 130.0, "noise": None,
+         "_m": {"value": 130.0, "ci_low": 126.0, "ci_high": 134.0, "confidence": 0.95}}
+    b = {"goodput_tok_s": 100.0, "noise": None,
+         "_m": {"value": 100.0, "ci_low": 97.0, "ci_high": 103.0, "confidence": 0.95}}
+    v = t.decide(a, b)
+    assert v["verdict"] == "better" and v["method"] == "sweep_compare"
+    wide = dict(b, _m={"value": 100.0, "ci_low": 60.0, "ci_high": 140.0, "confidence": 0.95})
+    assert t.decide(a, wide)["verdict"] == "tie"
+    # a spread over rounds covering the ratio makes it a tie even with tight intervals
+    assert t.decide(dict(a, noise=0.4), b)["verdict"] == "tie"
 
 
 class FakeHost:
@@ -153,19 +165,17 @@ class FakeHost:
         r = self.rates[cand["id"]] * (1 + self.wobble * (len(self.calls) % 2))
         lvs = [_level(c * cand["layout"]["instances"], r * min(c, 4) / 4.0, met=c <= 4)
                for c in levels]
-        tokens = [[9, 9, 9]] if cand["id"] in self.broken else [[1, 2, 3]]
-        return {"levels": lvs, "elapsed_s": window * len(levels),
-                "correctness": [{"tokens": x} for x in tokens]}
+        tokens = [9, 9, 9] if cand["id"] in self.broken else [1, 2, 3]
+        return {"levels": lvs, "elapsed_s": window * len(levels), "correctness": _outs(tokens)}
 
 
 def _search(rates, broken=(), **kw):
     admitted, _refused = t.admit(t.enumerate_layouts(0))
     cands, _dropped = t.build_candidates(admitted, {"max-num-seqs": [None, 2, 8]})
     host = FakeHost(rates, broken)
-    ref = [{"tokens": [1, 2, 3]}]
+    ref = _outs([1, 2, 3])
     s = t.Search(cands, host.measure, [1, 2, 4, 8, 16], base_window_s=2, budget=kw.get("budget"),
-                 clock=kw.get("clock"),
-                 gate=lambda c, out: t.compare_outputs(ref, out, min_match=0.9))
+                 clock=kw.get("clock"), gate=lambda c, out: t.gate(ref, out, "tp1"))
     return s, s.run(), host
 
 
@@ -194,7 +204,7 @@ def test_a_fast_candidate_with_wrong_outputs_is_disqualified():
     s, results, host = _search(rates, broken=["2xtp1 max-num-seqs=2"])
     table, decision = t.rank(results)
     bad = [r for r in table if r["id"] == "2xtp1 max-num-seqs=2"][0]
-    assert bad["rank"] is None and bad["disqualified"].startswith("correctness: token match rate 0.000")
+    assert bad["rank"] is None and bad["disqualified"].startswith("correctness (reference tp1): token_match_rate 0 below")
     assert decision["winner"] != bad["id"]
     assert not [c for c, w, _l in host.calls if c == bad["id"] and w > 2.0]  # never re-measured
 
