@@ -12,7 +12,7 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from . import api
-from . import tune as tune_api
+from .tune import tune as tune_run
 from .errors import AnsibleNotAvailable, PlaybookFailed, UsageError, VllmDeployError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -123,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--min-match", type=float, default=0.9, help="token match rate to pass")
     t.add_argument("--apply", action="store_true", help="serve the winner and write it back")
     t.add_argument("--grid", action="store_true", help="measure the full grid (baseline)")
+    t.add_argument("--plan-only", action="store_true",
+                   help="list the candidates and the planner's refusals; serve nothing")
+    t.add_argument("--weights-bytes", type=int, help="weights' size (default: from config.json)")
+    t.add_argument("--ep", help="expert parallel to try, e.g. false,true")
     return ap
 
 
@@ -291,7 +295,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return EXIT_OK
         extravars = parse_extravars(args.extra_vars)
         if args.cmd == "tune":
-            doc = tune_api.tune(
+            doc = tune_run(
                 args.inventory, args.host, profile=args.profile, slo_class=args.slo_class,
                 ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms, slo_scale=args.slo_scale,
                 params_b=args.params_b, budget_minutes=args.minutes,
@@ -302,10 +306,19 @@ def main(argv: Optional[List[str]] = None) -> int:
                 model_config=args.model_config,
                 levels=[int(x) for x in _split(args.levels) or []], base_window_s=args.window,
                 port=args.port, reference=args.reference, min_match=args.min_match,
-                apply=args.apply, grid=args.grid, extravars=extravars,
-                log=None if args.json else (lambda m: err.print(_escape(m))))
+                apply=args.apply, grid=args.grid, plan_only=args.plan_only,
+                weights_bytes=args.weights_bytes,
+                expert_parallel=[x.lower() == "true" for x in _split(args.ep) or []] or None,
+                extravars=extravars,
+                log=None if args.json or args.plan_only else (lambda m: err.print(_escape(m))))
             if args.json:
                 print(json.dumps(dict(doc), indent=2, default=str))
+            elif args.plan_only:
+                for c in doc["candidates"]:
+                    out.print("candidate %s%s" % (_escape(c["id"]), " (default)" if c["default"] else ""))
+                for r in doc["refused"]:
+                    out.print("refused %s: %s" % (_escape(r["id"]), _escape("; ".join(r["reasons"]))))
+                return EXIT_OK
             else:
                 render_tune(out, doc)
                 out.print("written: %s; reports: %s" % (doc.path, doc.reports.get("csv")))

@@ -62,12 +62,13 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
          reference: Optional[str] = None, min_match: float = 0.9,
          max_logprob_gap: Optional[float] = None, pinned: Optional[List[str]] = None,
          dummy_weights: bool = False, apply: bool = False, restore: bool = True,
-         grid: bool = False, report_dir: Optional[str] = None,
+         grid: bool = False, plan_only: bool = False, report_dir: Optional[str] = None,
          extravars: Optional[Dict[str, Any]] = None,
          on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
          log: Optional[Callable[[str], None]] = None) -> TuneResult:
     """Tune ``host`` of ``inventory``; returns the write-back document (see vllm_tune.yml).
 
+    ``plan_only=True`` returns the candidates and the planner's refusals without serving.
     ``grid=True`` measures every candidate over every level with the longest window instead of
     searching (the auto_tune-style baseline of the benchmark).
     """
@@ -93,10 +94,10 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
     has_experts = bool(cfg and vt.capacity_plan.architecture(cfg)["experts"])
     layouts = vt.enumerate_layouts(gpu_count, tensor_parallel, expert_parallel, data_parallel,
                                    instances, nccl_profiles, has_experts=has_experts)
-    if gpu_count and (cfg is None or not (weights_bytes or dummy_weights)):
-        raise UsageError("a GPU host needs model_config (config.json) and weights_bytes "
-                         "(or dummy_weights) for the capacity planner")
-    if gpu_count and not weights_bytes:
+    if gpu_count and cfg is None:
+        raise UsageError("a GPU host needs model_config (the model's config.json) for the "
+                         "capacity planner")
+    if gpu_count and not weights_bytes:  # estimated layer by layer from config.json
         weights_bytes = vt.capacity_plan.estimate_weights_bytes(cfg)
     admitted, refused = vt.admit(layouts, cfg, weights_bytes,
                                  (gpu_memory_mib or 0) * 1024 * 1024 if gpu_count else None,
@@ -116,6 +117,14 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
                          % (host, "; ".join("%s: %s" % (r["id"], r["reasons"][0]) for r in refused)))
     say("%d candidates (%d not measured: budget), %d layouts refused"
         % (len(cands), len(dropped), len(refused)))
+
+    if plan_only:  # what would be measured, what the planner refuses; nothing runs
+        return TuneResult({"host": host, "slo": slo, "budget": budget,
+                           "candidates": [{"id": c["id"], "default": bool(c.get("default")),
+                                           "plan": c.get("plan"), "note": c.get("plan_note")}
+                                          for c in cands],
+                           "refused": [{"id": r["id"], "reasons": r["reasons"]} for r in refused],
+                           "not_measured": dropped})
 
     started_units: set = set()
     runs: List[Dict[str, Any]] = []
