@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from typing import Any, Dict, List, Optional
 
@@ -127,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="list the candidates and the planner's refusals; serve nothing")
     t.add_argument("--weights-bytes", type=int, help="weights' size (default: from config.json)")
     t.add_argument("--ep", help="expert parallel to try, e.g. false,true")
+    t.add_argument("--profile-overrides", type=json.loads, default=None,
+                   help="JSON: the host's vllm_service_profile_overrides, kept in every candidate")
+    t.add_argument("--extra-args", dest="tune_extra_args",
+                   help="the host's vllm_service_extra_args, e.g. '--load-format dummy'")
     return ap
 
 
@@ -307,7 +312,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 levels=[int(x) for x in _split(args.levels) or []], base_window_s=args.window,
                 port=args.port, reference=args.reference, min_match=args.min_match,
                 apply=args.apply, grid=args.grid, plan_only=args.plan_only,
-                weights_bytes=args.weights_bytes,
+                weights_bytes=args.weights_bytes, profile_overrides=args.profile_overrides,
+                extra_args=shlex.split(args.tune_extra_args) if args.tune_extra_args else None,
                 expert_parallel=[x.lower() == "true" for x in _split(args.ep) or []] or None,
                 extravars=extravars,
                 log=None if args.json or args.plan_only else (lambda m: err.print(_escape(m))))

@@ -63,10 +63,15 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
          max_logprob_gap: Optional[float] = None, pinned: Optional[List[str]] = None,
          dummy_weights: bool = False, apply: bool = False, restore: bool = True,
          grid: bool = False, plan_only: bool = False, report_dir: Optional[str] = None,
+         profile_overrides: Optional[Dict[str, Any]] = None,
+         extra_args: Optional[List[str]] = None,
          extravars: Optional[Dict[str, Any]] = None,
          on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
          log: Optional[Callable[[str], None]] = None) -> TuneResult:
     """Tune ``host`` of ``inventory``; returns the write-back document (see vllm_tune.yml).
+
+    ``profile_overrides`` / ``extra_args``: the host's own vllm_service_profile_overrides and
+    vllm_service_extra_args (e.g. ``--load-format dummy``), kept in every candidate.
 
     ``plan_only=True`` returns the candidates and the planner's refusals without serving.
     ``grid=True`` measures every candidate over every level with the longest window instead of
@@ -85,7 +90,7 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
     levels = sorted(int(x) for x in levels)
     if not levels or levels[0] < 1:
         raise UsageError("levels must be positive integers, got %r" % (levels,))
-    prof = load_profile(profile)
+    prof = load_profile(profile, overrides=profile_overrides or None)
     cfg = None
     if model_config:
         with open(model_config) as f:
@@ -135,7 +140,9 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
     base_ev.update({"vllm_tune_host": host, "vllm_service_profile": profile})
 
     def serve_vars(cand):
-        insts = vt.service_instances(cand, prof, port, host=listen_host)
+        insts = vt.service_instances(cand, prof, port, host=listen_host,
+                                       base_overrides=profile_overrides,
+                                       base_extra_args=extra_args)
         names = {i["name"] for i in insts}
         stop = sorted("vllm-%s.service" % n for n in started_units - names)
         return insts, stop
@@ -217,7 +224,9 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
         if apply and win is not None:
             final_insts = [dict(i, profile=profile) for i in
                            vt.service_instances(results[win["id"]]["candidate"], prof, port,
-                                                host=listen_host)]
+                                                host=listen_host,
+                                                base_overrides=profile_overrides,
+                                                base_extra_args=extra_args)]
     finally:
         if restore or apply:
             # the role keeps the units of the configuration it serves out of this list

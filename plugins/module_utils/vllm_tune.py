@@ -691,12 +691,22 @@ def _replace_flag(args, flag, value):
     return out if found else None
 
 
-def service_instances(cand, profile, port, name="main", extra_prefix="tune", host=None):
+def _merge(base, over):
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def service_instances(cand, profile, port, name="main", extra_prefix="tune", host=None,
+                      base_overrides=None, base_extra_args=None):
     """vllm_service_instances for a candidate: instance ``name`` on ``port`` and, for more
     instances, ``<extra_prefix>-2``... on the next ports; GPUs split in order (tp*dp each);
     parallel sizes and kv-cache-dtype through profile_overrides; a knob whose flag the
     profile's args set replaces it there (vllm_service refuses a conflicting extra flag); the
-    other knobs go to extra_args."""
+    other knobs go to extra_args. ``base_overrides`` / ``base_extra_args``: what the host's
+    own configuration sets (vllm_service_profile_overrides / vllm_service_extra_args), which an
+    instance's keys would otherwise replace; ``profile`` is the profile with them merged."""
     lay = cand["layout"]
     per = lay["tensor_parallel"] * lay["data_parallel"]
     overrides = {"parallel": {"tensor": lay["tensor_parallel"], "data": lay["data_parallel"],
@@ -719,6 +729,8 @@ def service_instances(cand, profile, port, name="main", extra_prefix="tune", hos
             extra += flag_args
     if replaced:
         overrides["args"] = args
+    overrides = _merge(base_overrides or {}, overrides)
+    extra = list(base_extra_args or []) + extra
     out = []
     gpu = bool(profile.get("gpu", {}).get("required"))
     for i in range(lay["instances"]):
