@@ -208,6 +208,8 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
                              % (reference, ", ".join(c["id"] for c in order)))
         order = named + [c for c in order if c["id"] != reference]
 
+    final_insts = None
+    search = None
     try:
         if grid:
             search = vt.Search(order, measure, levels, base_window_s=base_window_s * eta ** (max_rounds - 1),
@@ -220,7 +222,6 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
         table, decision = vt.rank(results)
         vs = vt.versus_default(table)
         win = next((r for r in table if r["rank"] == 1), None)
-        final_insts = None
         if apply and win is not None:
             final_insts = [dict(i, profile=profile) for i in
                            vt.service_instances(results[win["id"]]["candidate"], prof, port,
