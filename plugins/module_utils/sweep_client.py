@@ -117,6 +117,8 @@ def check_params(p):
                          % (p.get("event_loop"),))
     if p.get("endpoint") not in ("completions", "chat"):
         raise SweepError("endpoint must be 'completions' or 'chat', got %r" % (p.get("endpoint"),))
+    if p.get("repeats") is not None and (not isinstance(p["repeats"], int) or p["repeats"] < 1):
+        raise SweepError("repeats must be an integer >= 1, got %r" % (p["repeats"],))
     if p.get("processes") is not None and (not isinstance(p["processes"], int)
                                            or p["processes"] < 1):
         raise SweepError("processes must be an integer >= 1, got %r" % (p["processes"],))
@@ -484,6 +486,7 @@ class Sweep(object):
             elif msg[0] == "error" and not done.done():
                 done.set_exception(SweepError("load-generator process %d: %s" % (i, msg[1])))
 
+        gc_parent = _gc_quiet(self.p)
         first = 0
         for i, conn in enumerate(pool.conns):
             conn.send(("level", conc, shares[i], first, "%d/%d/%d" % (self.seed, conc, i)))
@@ -494,6 +497,7 @@ class Sweep(object):
         finally:
             for conn in pool.conns:
                 loop.remove_reader(conn.fileno())
+            _gc_restore(gc_parent)
         level_end = time.perf_counter()
         after = await self.scrape()
         w0, w1 = state.window(level_start)
@@ -552,7 +556,7 @@ class Sweep(object):
                 msg = conn.recv()
             except (EOFError, OSError):
                 msg = ("stop",)
-            if msg[0] == "stop":
+            if msg[0] in ("stop", "quit"):  # quit: the parent gave up on the level
                 state["stop"] = True
 
         loop.add_reader(conn.fileno(), on_msg)
@@ -637,13 +641,19 @@ class Sweep(object):
     async def _levels(self, log, cpu0, log_path=None):
         levels, prev, stop_reason, signals = [], None, None, []
         for conc in self.p["levels"]:
-            summary, records, (w0, w1) = await self.run_level(conc)
+            runs = []
+            for rep in range(int(self.p.get("repeats") or 1)):
+                summary, records, (w0, w1) = await self.run_level(conc)
+                runs.append(summary)
+                if log is not None:
+                    try:
+                        self.write_log(log, records, w0, w1, rep)
+                    except (IOError, OSError) as e:
+                        raise RequestLogError("request_log_path %s: %s" % (log_path, e))
+            summary = runs[0]
+            if len(runs) > 1:
+                summary.update(repeats_summary(runs))
             levels.append(summary)
-            if log is not None:
-                try:
-                    self.write_log(log, records, w0, w1)
-                except (IOError, OSError) as e:
-                    raise RequestLogError("request_log_path %s: %s" % (log_path, e))
             reason = saturation_check(prev, summary, self.p["saturation_threshold"])
             if reason and summary["client"]["client_limited"]:
                 reason += " (level was client-limited: the client may be the bottleneck)"
@@ -675,9 +685,10 @@ class Sweep(object):
         return {"levels": levels, "headline": headline(levels), "stop_reason": stop_reason,
                 "parameters": params, "client": client, "server": self.server}
 
-    def write_log(self, fh, records, w0, w1):
+    def write_log(self, fh, records, w0, w1, repeat=0):
         for r in records:
             d = r.to_dict(self.t0)
+            d["repeat"] = repeat
             d["phase"] = ("warmup" if r.end <= w0 else "drain" if r.end > w1 else "window")
             d["measured"] = bool(r.start >= w0 and r.end <= w1)
             fh.write(json.dumps(d, sort_keys=True) + "\n")
@@ -685,6 +696,33 @@ class Sweep(object):
 
 
 # --- the level's window rule, client health, GC, worker processes -----------------------------
+def repeats_summary(runs):
+    """What a level run several times (``repeats``) adds to its first run's summary: the
+    headline figures of every repeat (``repeats``) and their t-intervals across repeats
+    (``precision_repeats``), which also cover drift between runs."""
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_compare import (
+        CompareError, interval)
+    reps = {
+        "output_tok_s": [r["output_tok_s"] for r in runs],
+        "ttft_ms_p50": [r["ttft_ms"]["p50"] for r in runs],
+        "whole_run_output_tok_s": [(r.get("whole_run") or {}).get("output_tok_s") for r in runs],
+        "whole_run_ttft_ms_median": [((r.get("whole_run") or {}).get("ttft_ms") or {}).get(
+            "median") for r in runs],
+        "requests_failed": [r["requests_failed"] for r in runs],
+        "client_limited": [bool((r.get("client") or {}).get("client_limited")) for r in runs],
+    }
+    prec = {}
+    for key in ("output_tok_s", "ttft_ms_p50", "whole_run_output_tok_s",
+                "whole_run_ttft_ms_median"):
+        try:
+            iv = interval([x for x in reps[key] if x is not None])
+            prec[key] = dict((k, round(v, 3) if isinstance(v, float) else v)
+                             for k, v in iv.items())
+        except CompareError:
+            prec[key] = None
+    return {"repeats": reps, "precision_repeats": prec}
+
+
 def split_workers(conc, processes):
     """C workers over ``processes`` processes, as evenly as possible (the first get one more)."""
     n = max(1, min(processes, conc))
@@ -724,8 +762,8 @@ class LevelState(object):
             self.failed += 1
             ok = len(self.records) - self.failed
             if self.failed >= max(10, self.conc) and self.failed > ok:
-                self.aborted = "aborted: %d of %d requests failed" % (self.failed,
-                                                                       len(self.records))
+                self.aborted = "aborted: %d of %d requests failed" % (
+                    self.failed, len(self.records))
                 self.stop, self.stopped_by = True, "aborted"
                 if self.w0 is not None:
                     self.w1 = rec.end
@@ -756,8 +794,8 @@ class LevelState(object):
         out_tokens = sum(r.completion_tokens or 0 for r in ok)
         prec = precision(self.records, self.w0, rec.end, measured, out_tokens / elapsed)
         self.last_precision = prec
-        widths = [(prec.get(k) or {}).get("half_width_pct") for k in ("output_tok_s",
-                                                                        "ttft_ms_p50")]
+        widths = [(prec.get(k) or {}).get("half_width_pct")
+                  for k in ("output_tok_s", "ttft_ms_p50")]
         if all(w is not None and w <= target for w in widths):
             self.stop, self.w1, self.stopped_by = True, rec.end, "precision_pct"
 

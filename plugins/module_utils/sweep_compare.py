@@ -41,11 +41,13 @@ beyond the noise").
 
 ``compare_levels(candidate_levels, baseline_levels, metrics=DEFAULT_METRICS, tolerance=...)``
 applies ``compare`` to every concurrency both sweeps ran, for each metric (output tok/s,
-higher is better; TTFT p50, lower is better), taking each level's ``precision`` intervals when
-present, else its repeats (``repeats``), else the bare number. It returns per-level rows and an
+higher is better; TTFT p50, lower is better), taking each level's repeats (``repeats``, when
+run at least twice), else its ``precision`` interval, else the bare number. It returns per-level rows and an
 overall verdict: ``worse`` if any row is worse, else ``better`` if any is better, else ``tie``.
 
-``interval(values, confidence)`` (t-interval of a mean), ``batch_means_interval(values,
+``median_interval(values, confidence)`` (distribution-free interval of a median from its
+order statistics), ``interval(values, confidence)`` (t-interval of a mean),
+``batch_means_interval(values,
 batches, confidence)`` (the mean of a time-ordered series with the interval from the means of
 consecutive batches, which absorbs autocorrelation) and ``bootstrap_interval(values, statistic,
 confidence, resamples, seed)`` (percentile bootstrap of any statistic, e.g. a median) build
@@ -219,6 +221,25 @@ def bootstrap_interval(values, statistic=statistics.median, confidence=DEFAULT_C
             "method": "bootstrap (%d resamples)" % int(resamples)}
 
 
+def median_interval(values, confidence=DEFAULT_CONFIDENCE):
+    """The median of independent samples with its distribution-free interval: the order
+    statistics at ranks n/2 -+ z * sqrt(n) / 2 (the normal approximation of the binomial
+    count of samples below the median). Cheap (one sort), so a running level can check it."""
+    xs = sorted(_numbers(values, "samples"))
+    n = len(xs)
+    if n < 2:
+        raise CompareError("a median interval needs at least 2 samples, got %d" % n)
+    z = t_quantile(_two_sided(confidence), None)
+    half = z * math.sqrt(n) / 2.0
+    lo = xs[max(0, int(math.floor(n / 2.0 - half)) - 1)] if n / 2.0 - half >= 1 else xs[0]
+    hi = xs[min(n - 1, int(math.ceil(n / 2.0 + half)))]
+    value = statistics.median(xs)
+    return {"value": value, "ci_low": min(lo, value), "ci_high": max(hi, value),
+            "half_width_pct": (100.0 * (hi - lo) / 2.0 / abs(value)) if value else None,
+            "confidence": confidence, "se": (hi - lo) / (2.0 * z), "df": None, "n": n,
+            "method": "order statistics of the median"}
+
+
 # --- comparing ------------------------------------------------------------------------------
 def normalize(m, confidence=DEFAULT_CONFIDENCE):
     """(value, standard error, degrees of freedom) of a measurement (see the module doc)."""
@@ -304,14 +325,16 @@ def _dig(level, path):
 
 
 def level_measurement(level, path, precision_key):
-    """A sweep level's figure as a measurement: its ``precision`` interval when present, else
-    its ``repeats`` values, else the bare number (None when the level lacks the figure)."""
+    """A sweep level's figure as a measurement: its ``repeats`` values when it was run at
+    least twice (the spread across runs includes drift between them), else its
+    ``precision`` interval (from the request log of one run), else the bare number (None
+    when the level lacks the figure)."""
+    reps = [x for x in ((level.get("repeats") or {}).get(precision_key) or ()) if x is not None]
+    if len(reps) >= 2:
+        return {"repeats": reps}
     prec = (level.get("precision") or {}).get(precision_key)
     if isinstance(prec, dict) and prec.get("value") is not None:
         return prec
-    reps = (level.get("repeats") or {}).get(precision_key)
-    if reps:
-        return {"repeats": reps}
     return _dig(level, path)
 
 

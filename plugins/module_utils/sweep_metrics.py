@@ -49,10 +49,11 @@ clock, reported in milliseconds):
   for N > 1; ITL = every gap between consecutive token chunks; mean, median, std (population,
   np.std) and p50/p90/p99 (np.percentile's linear interpolation).
 * Precision (``precision``): output tok/s with a batch-means interval (the window cut into
-  ``PRECISION_BATCHES`` equal sub-windows; each request's tokens spread over its token
-  chunks, the tokens whose chunk arrived in a sub-window / its length are the batch values;
-  the interval is centred on the window's output tok/s) and TTFT p50 with a percentile bootstrap over the measured requests
-  (seeded, ``BOOTSTRAP_RESAMPLES`` resamples), both at 95 % confidence
+  ``PRECISION_BATCHES`` equal sub-windows; each request's tokens spread evenly over the span
+  of its token chunks, the tokens falling in a sub-window / its length are the batch values;
+  the interval is centred on the window's output tok/s) and TTFT p50 with the
+  distribution-free interval of a median (order statistics) over the measured requests, both
+  at 95 % confidence
   (plugins/module_utils/sweep_compare.py).
 """
 from __future__ import annotations
@@ -70,7 +71,6 @@ except ImportError:  # a load generator without it: the parser below
 
 PERCENTILES = (50, 90, 99)
 PRECISION_BATCHES = 10
-BOOTSTRAP_RESAMPLES = 400
 STEADY_STATE = "steady_state"
 WHOLE_RUN = "whole_run (as vllm bench serve: all requests, first send to last completion)"
 OUTPUT_LENGTH_MISS_LIMIT = 0.01  # a level where more than 1 % of requests miss is marked
@@ -244,27 +244,37 @@ def _rounded(iv, digits=3):
 
 def window_batches(records, w0, w1, batches=PRECISION_BATCHES):
     """Output tok/s of each of ``batches`` equal sub-windows of [w0, w1]: every successful
-    request's usage tokens spread evenly over its token chunks, each chunk counted in the
-    sub-window it arrived in (smoother than counting whole requests at their completion,
-    which at low concurrency puts 0 or 1 completions in a sub-window)."""
+    request's usage tokens spread evenly over the span of its token chunks (first to last
+    chunk), each sub-window getting the tokens of the part of that span inside it (smoother
+    than counting whole requests at their completion, which at low concurrency puts 0 or 1
+    completions in a sub-window; one pass over the requests, not over their chunks)."""
     width = (w1 - w0) / float(batches)
     tokens = [0.0] * batches
     for r in records:
         if not (r.ok and r.chunk_times and r.completion_tokens):
             continue
-        weight = r.completion_tokens / float(len(r.chunk_times))
-        for t in r.chunk_times:
-            if w0 < t <= w1:
-                tokens[min(batches - 1, int((t - w0) / width))] += weight
+        a, b, n = r.chunk_times[0], r.chunk_times[-1], float(r.completion_tokens)
+        if b <= w0 or a > w1:
+            continue
+        if b - a <= 0:
+            tokens[min(batches - 1, int((a - w0) / width))] += n
+            continue
+        rate = n / (b - a)
+        first = max(0, int((max(a, w0) - w0) / width))
+        last = min(batches - 1, int((min(b, w1) - w0) / width))
+        for i in range(first, last + 1):
+            lo, hi = max(a, w0 + i * width), min(b, w0 + (i + 1) * width)
+            if hi > lo:
+                tokens[i] += rate * (hi - lo)
     return [t / width for t in tokens]
 
 
 def precision(records, w0, w1, measured, value=None, seed=0):
     """Confidence intervals (95 %) of the window's output tok/s (batch means, centred on the
-    window's figure ``value``) and TTFT p50 (bootstrap of the measured requests); see the
+    window's figure ``value``) and TTFT p50 (order statistics of the median over the measured requests); see the
     module docstring."""
     from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_compare import (
-        CompareError, batch_means_interval, bootstrap_interval)
+        CompareError, batch_means_interval, median_interval)
     out = {}
     try:
         iv = batch_means_interval(window_batches(records, w0, w1), PRECISION_BATCHES)
@@ -277,8 +287,7 @@ def precision(records, w0, w1, measured, value=None, seed=0):
         out["output_tok_s"] = None
     ttfts = [r.ttft for r in measured if r.ttft is not None]
     try:
-        iv = bootstrap_interval([t * 1000.0 for t in ttfts], statistics.median,
-                                resamples=BOOTSTRAP_RESAMPLES, seed=seed)
+        iv = median_interval([t * 1000.0 for t in ttfts])
         out["ttft_ms_p50"] = _rounded(iv)
     except CompareError:
         out["ttft_ms_p50"] = None

@@ -51,10 +51,7 @@ import re
 import socket
 from urllib.error import HTTPError, URLError
 
-try:
-    from ansible.module_utils.urls import open_url
-except ImportError:  # pure-Python callers without Ansible: the standard library's opener
-    open_url = None
+from ansible.module_utils.urls import open_url
 
 # A small fixed prompt set: plain English in several registers (any tokenizer splits it).
 BUILTIN_PROMPTS = (
@@ -135,12 +132,7 @@ def _post(url, body, api_key=None, timeout=120.0):
         headers["Authorization"] = "Bearer " + api_key
     data = json.dumps(body).encode()
     try:
-        if open_url is not None:
-            resp = open_url(url, data=data, headers=headers, method="POST", timeout=timeout)
-        else:  # pragma: no cover - exercised only without Ansible
-            from urllib.request import Request, urlopen
-            resp = urlopen(Request(url, data=data, headers=headers, method="POST"),
-                           timeout=timeout)
+        resp = open_url(url, data=data, headers=headers, method="POST", timeout=timeout)
         with resp:
             return resp.status, resp.read()
     except HTTPError as e:

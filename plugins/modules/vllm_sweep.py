@@ -42,9 +42,29 @@ description:
     I(saturation_threshold) per doubling of concurrency (threshold * log2(C/C_prev) for other
     steps) while TTFT p50 grew. Knee: the error-free level of maximum output tok/s, and the
     highest level meeting the SLOs."
-  - "Client health: CPU time (time.process_time) and event-loop lag (a 10 ms ticker) per level;
-    a level is marked C(client_limited) when loop-lag p99 exceeds 10 ms or the client used
-    more than 80% of a core over the window."
+  - "Client health: CPU time (time.process_time) and event-loop lag (a 10 ms ticker) per level
+    and per client process; a level is marked C(client_limited) when in any process the
+    loop-lag p99 exceeds 10 ms or the process used more than 80% of a core over the window.
+    Python's garbage collector is switched off (after a collection, with what exists frozen)
+    during each level unless I(gc_during_level); C(client.gc) reports collections and pauses."
+  - "Two definitions, every level: the figures above are C(definition: steady_state) (the
+    window). C(whole_run) holds the same level computed the way C(vllm bench serve) computes
+    its results: all requests of the level (warm-up, window, drain), duration from the first
+    send to the last completion, output tok/s = usage tokens of the successful requests /
+    duration, TTFT/TPOT/ITL/E2EL (latency to the last token chunk) with mean, median, std and
+    p50/p90/p99 (numpy's definitions)."
+  - "Precision: C(precision.output_tok_s) is a 95% batch-means interval of the window's output
+    tok/s (10 equal sub-windows, each request's tokens spread over the span of its token
+    chunks),
+    C(precision.ttft_ms_p50) the 95% distribution-free interval of the TTFT median (order statistics). With
+    I(precision_pct) a level runs past I(duration_s) until both intervals are within
+    +-precision_pct of their values, or until I(max_duration_s) (C(timing.stopped_by) says
+    which)."
+  - "Worker processes: with I(processes) > 1 the C workers of a level are spread over that
+    many forked processes (each with its own event loop and connections), started together;
+    they stream their completed requests to the parent, which applies the window rule to the
+    merged completions (the window is decided within 20 ms of each completion), so token
+    counts, windows and the server cross-check are those of one client."
   - Before any level it checks C(GET /v1/models) (unreachable server or a model name not served
     fails here, listing the served names) and, with I(endpoint=completions), learns the
     vocabulary size from C(/v1/completions) unless I(vocab_size) is given (see I(vocab_size)).
@@ -160,6 +180,39 @@ options:
         60 s. Give I(vocab_size) (the model's C(vocab_size) from its C(config.json)) to skip
         the probe.
     type: int
+  processes:
+    description:
+      - Client processes that share each level's workers (forked from the module's process,
+        which then only coordinates). One process drives about the tok/s that
+        tests/benchmarks/bench_client_ceiling.py measures per core; use more on a load
+        generator with spare cores when a level comes out C(client_limited).
+    type: int
+    default: 1
+  precision_pct:
+    description:
+      - Run each level until the 95% intervals of its output tok/s and TTFT p50 are within
+        +-I(precision_pct) percent of their values (checked at most every second and every
+        10% of the window so far), after I(duration_s) and I(min_requests) are met, or until
+        I(max_duration_s).
+    type: float
+  repeats:
+    description:
+      - Run each level this many times back to back. The level's summary is its first run's,
+        plus C(repeats) (output tok/s, TTFT p50 and the whole-run figures of every run) and
+        C(precision_repeats) (their 95% t-intervals across runs, which also cover drift
+        between runs). The request log marks each request's run (C(repeat)).
+    type: int
+    default: 1
+  max_duration_s:
+    description: Cap on a level's window with I(precision_pct), seconds. Default 10 x I(duration_s).
+    type: float
+  gc_during_level:
+    description:
+      - Leave Python's garbage collector on during levels (the default switches it off for
+        each level, since a full collection blocks the event loop while the level's records
+        grow). For measuring the client itself.
+    type: bool
+    default: false
 extends_documentation_fragment:
   - vllm_ops.deploy.attributes
   - vllm_ops.deploy.attributes.PLATFORM
@@ -287,6 +340,11 @@ def main():
             vocab_size=dict(type="int"),
             chunk_usage=dict(type="bool", default=False),
             event_loop=dict(type="str", default="auto", choices=["auto", "asyncio", "uvloop"]),
+            processes=dict(type="int", default=1),
+            repeats=dict(type="int", default=1),
+            precision_pct=dict(type="float"),
+            max_duration_s=dict(type="float"),
+            gc_during_level=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )

@@ -102,6 +102,7 @@ def compact_level(level):
                                          ("mean", "median", "p99") if p in stats)
     if level.get("repeats"):
         out["repeats"] = level["repeats"]
+        out["precision_repeats"] = level.get("precision_repeats")
     if level.get("goodput") is not None:
         out["goodput"] = level.get("goodput")
     if level.get("saturation_signal"):

@@ -18,6 +18,9 @@
 #                                                   `ansible` first the vllm_sweep module through
 #                                                   ansible at LEVELS (`ansible-only`: only that)
 #   tests/gpu/run.sh ttft TAG                TTFT of text prompts vs token-id prompts (C=1)
+#   tests/gpu/run.sh ceiling                the client's ceiling against a local streaming stub
+#                                                   (bench_client_ceiling.py, 1..8 processes;
+#                                                   needs no GPU and no server)
 #   tests/gpu/run.sh tp2-start              all-reduce smoke, then the server with TP=2
 #   tests/gpu/run.sh stop                   stop the server
 #
@@ -263,6 +266,13 @@ EOF
   tar -C "$ST" -czf "$OUTD/sweep-$tag.tar.gz" "${found[@]}"
 }
 
+step_ceiling() { # the sweep client's tok/s per core and its scaling over processes
+  "$PY" tests/benchmarks/bench_client_ceiling.py --processes "${GPU_CHECK_CEILING_PROCESSES:-1,2,4,8}" \
+    --concurrency "${GPU_CHECK_CEILING_C:-256}" --server-processes "${GPU_CHECK_CEILING_SERVERS:-8}" \
+    --duration-s "${GPU_CHECK_CEILING_DURATION:-10}" --output-len 256 \
+    --json-out "$OUTD/ceiling.json" 2>&1 | tee "$OUTD/ceiling.txt"
+}
+
 step_ttft() { # step_ttft TAG: what tokenizing a text prompt adds to TTFT, on the running server
   "$PY" tests/gpu/ttft_text_vs_ids.py --base-url "http://127.0.0.1:$PORT" --model "$NAME" \
     --vocab-size 2048 --input-len "$ILEN" --pairs "${GPU_CHECK_TTFT_PAIRS:-40}" \
@@ -305,6 +315,7 @@ case ${1:-} in
   install-serve) step_install_serve ;;
   sweep) step_sweep "$2" "$3" "${4:-}" ;;
   ttft) step_ttft "${2:-tp1}" ;;
+  ceiling) step_ceiling ;;
   tp2-start) step_tp2_start ;;
   stop) stop_server ;;
   all)

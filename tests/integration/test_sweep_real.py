@@ -286,6 +286,7 @@ def workspace(server):
         "vllm_benchmark_duration_s": 2, "vllm_benchmark_stop_on_saturation": False,
         "vllm_benchmark_report_root": str(tmp / "reports"),
         "vllm_benchmark_request_log_dir": str(tmp / "logs"),
+        "vllm_benchmark_correctness": True,
     }}
 
 
@@ -348,6 +349,18 @@ def test_role_delegated_sweep_writes_results_and_report(role_runs):
     assert list((ws["tmp"] / "logs").iterdir()) == []  # fetched, then removed on loadgen
     csv_lines = (run / "levels.csv").read_text().splitlines()
     assert csv_lines[0].startswith("concurrency,") and len(csv_lines) == 5
+    # both definitions are named in the inventory record, with the window's intervals
+    for lv in stored["levels"]:
+        assert lv["definition"] == "steady_state"
+        assert lv["whole_run"]["definition"].startswith("whole_run")
+        assert lv["whole_run"]["completed"] == lv["requests_ok"]
+        tok = lv["precision"]["output_tok_s"]
+        assert tok["ci_low"] <= lv["output_tok_s"] <= tok["ci_high"]
+    assert "whole_run_output_tok_s" in csv_lines[0] and "run_tok/s" in out
+    # the correctness prompts were decoded and kept as the next run's reference
+    corr = stored["correctness"]
+    assert corr["passed"] is None and len(corr["outputs"]) == 8
+    assert all(len(o["token_ids"]) == 32 for o in corr["outputs"])
     for png in ("throughput.png", "ttft.png", "tpot.png"):
         assert_png(run / png)
 
@@ -380,6 +393,10 @@ def test_compare_two_saved_runs(role_runs):
     runs = report_runs(ws)
     assert len(runs) == 2
     assert yaml_load(results)["vllm_benchmark_results"]["parameters"]["output_len"] == 48
+    # the stored correctness result of the first run was the reference: the same server
+    corr = yaml_load(results)["vllm_benchmark_results"]["correctness"]
+    assert corr["reference"]["source"] == "stored" and corr["passed"] is True, corr["comparison"]
+    assert corr["comparison"]["token_match_rate"] == 1.0
     cmp_dir = ws["tmp"] / "compare"
     res = subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "ansible"), "localhost", "-i",

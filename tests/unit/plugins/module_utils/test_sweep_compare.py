@@ -173,3 +173,17 @@ def test_compare_levels_takes_precision_then_repeats_then_the_number():
     assert out["verdict"] == "worse"
     assert compare_levels(cand[:1], base[:1], tolerance=0.05)["verdict"] == "tie"
     assert compare_levels([], base)["verdict"] is None
+
+
+def test_median_interval_uses_order_statistics():
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_compare import (
+        median_interval)
+    xs = [float(x) for x in range(1, 101)]  # median 50.5; ranks 50 -+ 9.8
+    iv = median_interval(xs)
+    assert iv["value"] == 50.5 and iv["n"] == 100
+    assert iv["ci_low"] == 40.0 and iv["ci_high"] == 61.0
+    assert median_interval([2.0, 2.0, 2.0])["half_width_pct"] == 0.0
+    small = median_interval([1.0, 2.0, 3.0])
+    assert small["ci_low"] == 1.0 and small["ci_high"] == 3.0
+    with pytest.raises(CompareError):
+        median_interval([1.0])
