@@ -57,10 +57,12 @@ LOOP_LAG_LIMIT_MS = 10.0
 CPU_LIMIT = 0.8
 VOCAB_PROBE_MAX = 1 << 21  # larger than any tokenizer's vocabulary
 PROBE_TIMEOUT_S = 60
-# A streamed token chunk of vLLM's OpenAI server ends with '"usage":null}' and holds a choice;
-# such chunks are counted without parsing their JSON (everything else is parsed).
-TOKEN_CHUNK_TAIL = b'"usage":null}'
+# A streamed token chunk of vLLM's OpenAI server holds a choice and no usage (vLLM 0.32 leaves
+# "usage" out of token chunks; others send "usage":null); such chunks are counted without
+# parsing their JSON (everything else is parsed). Escaped text cannot fake the marks.
 TOKEN_CHUNK_MARK = b'"choices":[{'
+USAGE_MARK = b'"usage":'
+USAGE_NULL = b'"usage":null'
 CHAT_WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
               "november oscar papa quebec romeo sierra tango uniform victor whiskey xray "
               "yankee zulu").split()
@@ -325,8 +327,9 @@ class Sweep(object):
                         if not line.startswith(b"data:"):
                             continue  # blank separators, comments, event names
                         payload = line[5:].strip()
-                        if not chunk_usage and payload.endswith(TOKEN_CHUNK_TAIL) and \
-                                TOKEN_CHUNK_MARK in payload and not (chat and b'"role"' in payload):
+                        if not chunk_usage and TOKEN_CHUNK_MARK in payload and (
+                                USAGE_MARK not in payload or USAGE_NULL in payload) and \
+                                not (chat and b'"role"' in payload):
                             # a token chunk (a choice, no usage): no JSON parse needed
                             rec.chunk_times.append(now)
                             rec.chunk_tokens = None
@@ -492,6 +495,7 @@ class Sweep(object):
             conn.send(("level", conc, shares[i], first, "%d/%d/%d" % (self.seed, conc, i)))
             first += shares[i]
             loop.add_reader(conn.fileno(), readable, i, conn)
+            os.set_blocking(conn.fileno(), True)  # uvloop made it non-blocking: whole messages
         try:
             await done
         finally:
@@ -560,6 +564,7 @@ class Sweep(object):
                 state["stop"] = True
 
         loop.add_reader(conn.fileno(), on_msg)
+        os.set_blocking(conn.fileno(), True)  # sends and receives move whole messages
 
         async def worker(wid):
             while not state["stop"]:
@@ -969,6 +974,7 @@ async def _recv(loop, conn):
             except (EOFError, OSError):
                 fut.set_result(("quit",))
     loop.add_reader(conn.fileno(), ready)
+    os.set_blocking(conn.fileno(), True)  # uvloop sets O_NONBLOCK; messages are read whole
     try:
         return await fut
     finally:

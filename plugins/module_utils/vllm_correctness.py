@@ -310,12 +310,20 @@ def run_check(params, post=None):
     check_params(params)
     ref = params.get("reference")
     prompts = params.get("prompts")
-    if prompts is None and ref is not None:  # a stored reference brings its prompts
-        prompts = [o["prompt"] for o in outputs_of(ref, "reference") if "prompt" in o] or None
-    gen = dict(prompts=prompts, max_tokens=params.get("max_tokens") or 32,
-               seed=params.get("seed") if params.get("seed") is not None else 0,
-               top_logprobs=params.get("top_logprobs") or 1,
-               ignore_eos=params.get("ignore_eos", True),
+    settings = {}
+    if ref is not None:
+        # a stored reference brings its prompts and settings unless they are given
+        if prompts is None:
+            prompts = [o["prompt"] for o in outputs_of(ref, "reference") if "prompt" in o] or None
+        settings = dict(ref.get("parameters") or {}) if isinstance(ref, dict) else {}
+
+    def setting(key, default):
+        if params.get(key) is not None:
+            return params[key]
+        return settings.get(key, default)
+    gen = dict(prompts=prompts, max_tokens=setting("max_tokens", 32),
+               seed=setting("seed", 0), top_logprobs=setting("top_logprobs", 1),
+               ignore_eos=setting("ignore_eos", True),
                timeout_s=params.get("timeout_s") or 120.0, post=post)
     result = generate(params["base_url"], params["model"], api_key=params.get("api_key"), **gen)
     source = None

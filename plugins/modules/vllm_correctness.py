@@ -53,22 +53,18 @@ options:
     type: list
     elements: raw
   max_tokens:
-    description: Output tokens per prompt (exact with I(ignore_eos)).
+    description: Output tokens per prompt (exact with I(ignore_eos)). Default 32, or the one of I(reference).
     type: int
-    default: 32
   seed:
     description: Sampling seed sent with every request (greedy decoding does not use it, but a
-      server default that samples would).
+      server default that samples would). Default 0, or the one of I(reference).
     type: int
-    default: 0
   top_logprobs:
-    description: Top logprobs asked for per position (at least 1, within the server's C(--max-logprobs)).
+    description: Top logprobs asked for per position (at least 1, within the server's C(--max-logprobs)). Default 1, or the one of I(reference).
     type: int
-    default: 1
   ignore_eos:
-    description: Send C(ignore_eos) and C(min_tokens = max_tokens) so every output has exactly I(max_tokens) tokens.
+    description: Send C(ignore_eos) and C(min_tokens = max_tokens) so every output has exactly I(max_tokens) tokens. Default true, or the one of I(reference).
     type: bool
-    default: true
   timeout_s:
     description: Per-request timeout, seconds.
     type: float
@@ -77,7 +73,8 @@ options:
     description:
       - A stored result of this module (its C(vllm_correctness) fact, e.g. read back from the
         inventory) or its C(outputs) list. Its prompts and settings (I(max_tokens), I(seed),
-        I(ignore_eos)) must be the ones of this check; the check fails and says which differs.
+        I(ignore_eos), I(top_logprobs)) are used unless given; a setting given that differs
+        from the reference's fails the check, naming it.
     type: raw
   reference_base_url:
     description: Another endpoint to decode the same prompts on as the reference (instead of I(reference)).
@@ -208,10 +205,10 @@ def main():
             model=dict(type="str", required=True),
             api_key=dict(type="str", no_log=True),
             prompts=dict(type="list", elements="raw"),
-            max_tokens=dict(type="int", default=32, no_log=False),
-            seed=dict(type="int", default=0),
-            top_logprobs=dict(type="int", default=1),
-            ignore_eos=dict(type="bool", default=True),
+            max_tokens=dict(type="int", no_log=False),
+            seed=dict(type="int"),
+            top_logprobs=dict(type="int"),
+            ignore_eos=dict(type="bool"),
             timeout_s=dict(type="float", default=120),
             reference=dict(type="raw"),
             reference_base_url=dict(type="str"),

