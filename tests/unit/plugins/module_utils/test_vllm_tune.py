@@ -1,0 +1,283 @@
+"""The autotuner's logic: SLO classes, budget, candidates admitted by the capacity planner with
+the refusals and their reasons, the successive-halving search, noise-aware ranking and the
+correctness comparison. Measurements here are the sweep's level summaries in their real shape."""
+import pytest
+
+from ansible_collections.vllm_ops.deploy.plugins.module_utils import vllm_tune as t
+
+MIB, GB = 1024 ** 2, 1000 ** 3
+RTX_PRO_6000 = 97887 * MIB
+MINIMAX_M25 = {
+    "architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2",
+    "hidden_size": 3072, "intermediate_size": 1536, "num_hidden_layers": 62,
+    "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
+    "num_local_experts": 256, "num_experts_per_tok": 8, "max_position_embeddings": 196608,
+    "torch_dtype": "bfloat16",
+    "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic",
+                            "weight_block_size": [128, 128]},
+}
+
+
+def test_mlperf_classes_by_size_and_custom():
+    s = t.resolve_slo("mlperf-interactive", params_b=8)
+    assert (s["ttft_ms"], s["tpot_ms"], s["class"]) == (500.0, 30.0, "mlperf-interactive:llama3.1-8b")
+    assert t.resolve_slo("mlperf-server", params_b=70)["tpot_ms"] == 200.0
+    assert t.resolve_slo("mlperf-server", params_b=229, moe=True)["class"] == "mlperf-server:deepseek-r1"
+    assert t.resolve_slo("mlperf-interactive:llama3.1-405b")["ttft_ms"] == 4500.0
+    assert t.resolve_slo("mlperf-server", params_b=8, tpot_ms=50)["tpot_ms"] == 50.0
+    assert t.resolve_slo(None, ttft_ms=300) == {"class": "custom", "ttft_ms": 300,
+                                                "tpot_ms": None, "source": "custom values"}
+    assert t.scale_slo(s, 100)["tpot_ms"] == 3000.0
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"slo_class": "mlperf-offline"}, "not one of custom"),
+    ({"slo_class": "mlperf-server:gpt2"}, "MLPerf model 'gpt2'"),
+    ({}, "give slo_class"),
+    ({"ttft_ms": -1}, "slo ttft_ms must be a positive"),
+])
+def test_bad_slo_is_refused_naming_it(kw, msg):
+    with pytest.raises(t.TuneError, match=msg):
+        t.resolve_slo(**kw)
+
+
+def test_budget():
+    assert t.check_budget(minutes=5) == {"minutes": 5, "candidates": None}
+    for kw in ({}, {"minutes": 0}, {"candidates": 0}, {"candidates": 1.5}):
+        with pytest.raises(t.TuneError, match="budget"):
+            t.check_budget(**kw)
+
+
+def test_knobs_checked_and_rendered():
+    with pytest.raises(t.TuneError, match="knob 'max_num_seqs' is not one of"):
+        t.check_knobs({"max_num_seqs": [1]})
+    with pytest.raises(t.TuneError, match="value '8' is not int"):
+        t.check_knobs({"max-num-seqs": ["8"]})
+    assert t.knob_args({"max-num-seqs": 8, "cudagraph-mode": "PIECEWISE", "kv-cache-dtype": None}) == [
+        "--compilation-config", '{"cudagraph_mode": "PIECEWISE"}', "--max-num-seqs", "8"]
+
+
+def test_minimax_on_8_gpus_pure_tp8_refused_with_the_planners_reason():
+    lays = t.enumerate_layouts(8, tensor_parallel=[4, 8], has_experts=True,
+                               nccl_profiles=["latency", "throughput"])
+    admitted, refused = t.admit(lays, MINIMAX_M25, 230 * GB, RTX_PRO_6000, max_model_len=65536)
+    ids = {t.layout_id(a) for a in admitted}
+    # two TP4 vs one TP8+EP on 8 GPUs, each with both NCCL profiles
+    assert {"2xtp4-nccl:latency", "tp8+ep-nccl:throughput", "tp4+ep-nccl:latency"} <= ids
+    tp8 = [r for r in refused if r["id"].startswith("tp8-nccl")]
+    assert len(tp8) == 2
+    assert "1536 / tensor_parallel 8 = 192 is not a multiple of the FP8 weight block 128" in tp8[0]["reasons"][0]
+    assert not any(a["tensor_parallel"] * a["instances"] > 8 for a in admitted)
+
+
+def test_cpu_host_varies_instances_and_is_admitted_unplanned():
+    admitted, refused = t.admit(t.enumerate_layouts(0))
+    assert [a["instances"] for a in admitted] == [1, 2] and refused == []
+    assert "CPU host" in admitted[0]["plan_note"]
+
+
+def test_candidates_default_first_budget_round_robin_and_pinned():
+    admitted, _refused = t.admit(t.enumerate_layouts(0))
+    knobs = {"max-num-seqs": [None, 4, 16], "max-num-batched-tokens": [None, 512]}
+    kept, dropped = t.build_candidates(admitted, knobs)
+    assert len(kept) == 12 and dropped == [] and kept[0]["default"] and kept[0]["id"] == "tp1"
+    kept, dropped = t.build_candidates(admitted, knobs, max_candidates=3,
+                                       pinned=["tp1 max-num-seqs=16"])
+    assert [c["id"] for c in kept] == ["tp1", "tp1 max-num-seqs=16", "2xtp1"]
+    assert len(dropped) == 9
+    # defaults not among the allowed values: the default candidate is added anyway
+    kept, _dropped = t.build_candidates(admitted, {"max-num-seqs": [4]})
+    assert kept[0]["id"] == "tp1" and kept[0]["knobs"] == {"max-num-seqs": None}
+
+
+def test_halving_schedule():
+    assert t.halving_rounds(8, 3) == [(8, 3.0), (4, 6.0), (2, 12.0)]
+    assert t.halving_rounds(2, 3) == [(2, 3.0)]
+    assert t.halving_rounds(5, 2, max_rounds=2) == [(5, 2.0), (3, 4.0)]
+
+
+def _level(c, good, met=True, ttft=10.0, tpot=5.0):
+    return {"concurrency": c, "output_tok_s": good * 1.1, "total_tok_s": good * 2,
+            "requests_failed": 0, "requests_in_window": 10,
+            "ttft_ms": {"p50": ttft, "p99": ttft}, "tpot_ms": {"p50": tpot, "p99": tpot},
+            "goodput": {"output_tok_s": good, "request_s": good / 32.0},
+            "slo": {"met": met, "breaks": [] if met else ["tpot_ms p99 9 > SLO 8"]}}
+
+
+def test_score_uses_only_levels_meeting_the_slo():
+    s = t.score([_level(1, 10), _level(2, 18), _level(4, 40, met=False)], gpus=2)
+    assert s == {"goodput_tok_s": 18, "goodput_level": 2, "highest_level_meeting_slo": 2,
+                 "goodput_tok_s_per_gpu": 9.0}
+
+
+def test_two_instances_are_combined_level_by_level():
+    a = [_level(1, 10), _level(2, 18)]
+    b = [_level(1, 9, ttft=30), _level(2, 17, met=False)]
+    lv = t.combine_instances([a, b])
+    assert [x["concurrency"] for x in lv] == [2, 4]
+    assert lv[0]["goodput"]["output_tok_s"] == 19 and lv[0]["ttft_ms"]["p99"] == 30
+    assert lv[1]["slo"]["met"] is False
+
+
+def test_compare_verdicts():
+    assert t.compare(130, 100, 0.1)["verdict"] == "better"
+    assert t.compare(105, 100, 0.1)["verdict"] == "tie"
+    assert t.compare(80, 100, 0.1)["verdict"] == "worse"
+    assert t.spread([90, 110]) == pytest.approx(0.2)
+
+
+def _outs(*seqs):
+    return {"outputs": [{"token_ids": list(q), "top1_logprobs": [-0.1] * len(q)} for q in seqs]}
+
+
+def test_gate_uses_the_shared_correctness_comparison():
+    ref = _outs([1, 2, 3, 4], [5, 6])
+    same = t.gate(ref, _outs([1, 2, 3, 4], [5, 6]), "tp1")
+    assert same["passed"] and same["token_match_rate"] == 1.0 and same["reference"] == "tp1"
+    bad = t.gate(ref, _outs([1, 9, 9, 9], [7, 7]), "tp1", {"min_token_match_rate": 0.9})
+    assert not bad["passed"] and bad["token_match_rate"] < 0.9
+    assert any("token_match_rate" in f for f in bad["failures"])
+    assert "per_prompt" not in bad
+
+
+def test_decide_uses_request_log_intervals():
+    a = {"goodput_tok_s": 130.0, "noise": None,
+         "_m": {"value": 130.0, "ci_low": 126.0, "ci_high": 134.0, "confidence": 0.95}}
+    b = {"goodput_tok_s": 100.0, "noise": None,
+         "_m": {"value": 100.0, "ci_low": 97.0, "ci_high": 103.0, "confidence": 0.95}}
+    v = t.decide(a, b)
+    assert v["verdict"] == "better" and v["method"] == "sweep_compare"
+    wide = dict(b, _m={"value": 100.0, "ci_low": 60.0, "ci_high": 140.0, "confidence": 0.95})
+    assert t.decide(a, wide)["verdict"] == "tie"
+    # a spread over rounds covering the ratio makes it a tie even with tight intervals
+    assert t.decide(dict(a, noise=0.4), b)["verdict"] == "tie"
+
+
+class FakeHost:
+    """Goodput per candidate id as a function of the window (a rate: stable), with a per-call
+    wobble, and outputs that are wrong for the 'broken' candidate."""
+
+    def __init__(self, rates, broken=(), wobble=0.02):
+        self.rates, self.broken, self.wobble, self.calls = rates, set(broken), wobble, []
+
+    def measure(self, cand, window, levels):
+        self.calls.append((cand["id"], window, list(levels)))
+        r = self.rates[cand["id"]] * (1 + self.wobble * (len(self.calls) % 2))
+        lvs = [_level(c * cand["layout"]["instances"], r * min(c, 4) / 4.0, met=c <= 4)
+               for c in levels]
+        tokens = [9, 9, 9] if cand["id"] in self.broken else [1, 2, 3]
+        return {"levels": lvs, "elapsed_s": window * len(levels), "correctness": _outs(tokens)}
+
+
+def _search(rates, broken=(), **kw):
+    admitted, _refused = t.admit(t.enumerate_layouts(0))
+    cands, _dropped = t.build_candidates(admitted, {"max-num-seqs": [None, 2, 8]})
+    host = FakeHost(rates, broken)
+    ref = _outs([1, 2, 3])
+    s = t.Search(cands, host.measure, [1, 2, 4, 8, 16], base_window_s=2, budget=kw.get("budget"),
+                 clock=kw.get("clock"), gate=lambda c, out: t.gate(ref, out, "tp1"))
+    return s, s.run(), host
+
+
+RATES = {"tp1": 100, "tp1 max-num-seqs=2": 60, "tp1 max-num-seqs=8": 150,
+         "2xtp1": 90, "2xtp1 max-num-seqs=2": 50, "2xtp1 max-num-seqs=8": 155}
+
+
+def test_search_halves_and_measures_leaders_longer_with_fewer_levels():
+    s, results, host = _search(RATES)
+    windows = [w for _c, w, _l in host.calls]
+    assert windows.count(2.0) == 6 and windows.count(4.0) == 3 and windows.count(8.0) == 2
+    assert {c for c, w, _l in host.calls if w == 8.0} == {"tp1 max-num-seqs=8", "2xtp1 max-num-seqs=8"}
+    # early stop: later rounds sweep only up to twice the per-instance level where goodput peaked
+    assert all(max(lv) <= 8 for _c, w, lv in host.calls if w > 2)
+    table, decision = t.rank(results)
+    # 155 vs 150 is within noise: a tie, the single instance (cheaper) wins
+    assert decision["tie"] and decision["winner"] == "tp1 max-num-seqs=8"
+    assert decision["tied_with"] == ["2xtp1 max-num-seqs=8"]
+    assert table[0]["rank"] == 1 and table[0]["id"] == "tp1 max-num-seqs=8"
+    vs = t.versus_default(table)
+    assert vs["verdict"] == "better" and vs["ratio"] == pytest.approx(1.5, rel=0.05)
+
+
+def test_a_fast_candidate_with_wrong_outputs_is_disqualified():
+    rates = dict(RATES, **{"2xtp1 max-num-seqs=2": 500})
+    s, results, host = _search(rates, broken=["2xtp1 max-num-seqs=2"])
+    table, decision = t.rank(results)
+    bad = [r for r in table if r["id"] == "2xtp1 max-num-seqs=2"][0]
+    assert bad["rank"] is None and bad["disqualified"].startswith("correctness (reference tp1): token_match_rate 0 below")
+    assert decision["winner"] != bad["id"]
+    assert not [c for c, w, _l in host.calls if c == bad["id"] and w > 2.0]  # never re-measured
+
+
+def test_clear_winner_and_default_best():
+    rates = dict(RATES, **{"tp1 max-num-seqs=8": 300})
+    _s, results, _h = _search(rates)
+    _table, decision = t.rank(results)
+    assert not decision["tie"] and decision["winner"] == "tp1 max-num-seqs=8"
+    rates = {k: (100 if k == "tp1" else 50) for k in RATES}
+    _s, results, _h = _search(rates)
+    table, decision = t.rank(results)
+    assert decision["winner"] == "tp1"
+    assert t.versus_default(table)["verdict"] == "the default is already best"
+
+
+def test_minutes_budget_stops_the_search():
+    now = [0.0]
+
+    def clock():
+        now[0] += 20.0
+        return now[0]
+    s, results, host = _search(RATES, budget={"minutes": 1}, clock=clock)
+    assert len(host.calls) == 2 and "budget of 1 min reached" in s.log[-1]
+
+
+def test_write_back_document_says_what_the_gate_compares():
+    _s, results, _h = _search(RATES)
+    table, decision = t.rank(results)
+    doc = t.tune_document("h", {"class": "custom"}, {"candidates": 6}, [], [], table, decision,
+                          t.versus_default(table), {"runs": "x"}, dummy_weights=True)
+    assert doc["winner"]["id"] == decision["winner"] and not doc["applied"]
+    assert "compares layouts with each other only" in doc["correctness_note"]
+
+
+CPU_TINY_ARGS = ["--dtype", "float32", "--kv-cache-memory-bytes", "134217728"]
+
+
+def test_service_instances_two_cpu_instances_and_profile_flag_replaced():
+    prof = {"args": CPU_TINY_ARGS, "gpu": {"required": False}}
+    cand = {"layout": {"tensor_parallel": 1, "expert_parallel": False, "data_parallel": 1,
+                       "instances": 2, "nccl_profile": None},
+            "knobs": {"max-num-seqs": 4, "kv-cache-memory-bytes": 67108864, "max-num-batched-tokens": None}}
+    a, b = t.service_instances(cand, prof, 8240, host="127.0.0.1")
+    assert (a["name"], a["port"], b["name"], b["port"]) == ("main", 8240, "tune-2", 8241)
+    assert a["extra_args"] == ["--max-num-seqs", "4"]
+    # the profile sets --kv-cache-memory-bytes: replaced there, not added twice
+    assert a["profile_overrides"]["args"] == ["--dtype", "float32", "--kv-cache-memory-bytes", "67108864"]
+    assert "cuda_visible_devices" not in a and a["host"] == "127.0.0.1"
+
+
+def test_service_instances_split_gpus_and_set_parallel():
+    prof = {"args": [], "gpu": {"required": True}}
+    cand = {"layout": {"tensor_parallel": 4, "expert_parallel": False, "data_parallel": 1,
+                       "instances": 2, "nccl_profile": None}, "knobs": {"kv-cache-dtype": "fp8"}}
+    a, b = t.service_instances(cand, prof, 8000)
+    assert a["cuda_visible_devices"] == "0,1,2,3" and b["cuda_visible_devices"] == "4,5,6,7"
+    assert a["profile_overrides"]["parallel"] == {"tensor": 4, "data": 1, "expert_parallel": False}
+    assert a["profile_overrides"]["kv_cache_dtype"] == "fp8" and a["extra_args"] == []
+
+
+def test_grid_minutes():
+    assert t.grid_minutes(6, [1, 2, 4, 8], 12, 60) == pytest.approx(6 * (60 + 48) / 60.0)
+
+
+def test_service_instances_keep_the_hosts_own_overrides_and_extra_args():
+    prof = {"args": [], "gpu": {"required": True}}
+    cand = {"layout": {"tensor_parallel": 1, "expert_parallel": False, "data_parallel": 1,
+                       "instances": 1, "nccl_profile": None}, "knobs": {"max-num-seqs": 64}}
+    (a,) = t.service_instances(cand, prof, 8000, base_overrides={"max_model_len": 8192,
+                                                                  "parallel": {"pipeline": 1}},
+                               base_extra_args=["--load-format", "dummy"])
+    assert a["profile_overrides"]["max_model_len"] == 8192
+    assert a["profile_overrides"]["parallel"] == {"pipeline": 1, "tensor": 1, "data": 1,
+                                                  "expert_parallel": False}
+    assert a["extra_args"] == ["--load-format", "dummy", "--max-num-seqs", "64"]
