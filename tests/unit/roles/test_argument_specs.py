@@ -21,7 +21,7 @@ def load(role, *parts):
 
 
 def test_the_roles_and_their_shared_defaults():
-    assert "vllm_deploy" in ROLES and len(ROLES) == 9
+    assert "vllm_deploy" in ROLES and len(ROLES) == 10  # with vllm_monitoring and vllm_tune
     for role in ROLES:
         deps = (load(role, "meta", "main.yml") or {}).get("dependencies") or []
         if role == "vllm_deploy":
