@@ -57,11 +57,11 @@ def run(jobs, parallel, log_dir, out=sys.stdout):
                     out.write(line)
             print("=== %s: %s in %.0f s" % (name, status, took), file=out, flush=True)
             results.append((name, proc.returncode, took))
-    print("=== suite: %d jobs, %d at a time, %.0f s wall" % (len(results), parallel,
-                                                            time.time() - t0), file=out)
+    print("=== suite: %d jobs, %d at a time, %.0f s wall"
+          % (len(results), parallel, time.time() - t0), file=out)
     for name, rc, took in results:
         print("    %-24s %-8s %5.0f s" % (name, "passed" if rc == 0 else "FAILED", took), file=out)
-    failed = [name for name, rc, _ in results if rc != 0]
+    failed = [name for name, rc, _took in results if rc != 0]
     if failed:
         print("failed: %s" % ", ".join(failed), file=out)
     out.flush()
@@ -76,7 +76,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error("--jobs must be at least 1, got %d" % args.jobs)
-    names = [n for n, _ in args.job]
+    names = [n for n, _argv in args.job]
     if len(set(names)) != len(names):
         ap.error("job names must be unique: %s" % ", ".join(names))
     return run(args.job, args.jobs, args.log_dir)
