@@ -365,4 +365,3 @@ class WeightsCheck(_ToDict):
 @dataclass
 class VerifyResult(RunResult):
     weights_by_host: Dict[str, WeightsCheck] = field(default_factory=dict)
-

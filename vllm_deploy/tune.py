@@ -141,8 +141,8 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
 
     def serve_vars(cand):
         insts = vt.service_instances(cand, prof, port, host=listen_host,
-                                       base_overrides=profile_overrides,
-                                       base_extra_args=extra_args)
+                                     base_overrides=profile_overrides,
+                                     base_extra_args=extra_args)
         names = {i["name"] for i in insts}
         stop = sorted("vllm-%s.service" % n for n in started_units - names)
         return insts, stop

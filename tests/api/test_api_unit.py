@@ -263,7 +263,7 @@ def test_verify_tag_is_known_and_selects_the_weights_and_the_service(inventory):
     def listed(*extra):
         out = subprocess.run([playbook, "-i", inventory, "--list-tasks",
                               os.path.join(ROOT, "deploy.yml")] + list(extra),
-                             capture_output=True, text=True, cwd=ROOT, timeout=120,
+                             capture_output=True, text=True, cwd=ROOT, timeout=120, check=False,
                              env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg")))
         assert out.returncode == 0, out.stderr
         # the roles' argument checks are tagged always: they run with any tag

@@ -107,7 +107,7 @@ def read_all(paths, threads, block=BLOCK_BYTES):
             total[0] += n
 
     start = time.time()
-    ts = [threading.Thread(target=worker) for _ in range(threads)]
+    ts = [threading.Thread(target=worker) for _i in range(threads)]
     for t in ts:
         t.start()
     for t in ts:
@@ -123,7 +123,7 @@ def hash_all(paths, workers):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     ap.add_argument("--dir", default="/var/tmp/vd-bench-hash")
     ap.add_argument("--files", type=int, default=4)
     ap.add_argument("--file-mb", type=int, default=512)

@@ -164,8 +164,8 @@ def test_small_file_damage_found_by_git_blob_sha1(tmp_path):
 
 
 def test_overridden_file_is_checked_through_its_backup(tmp_path):
-    lay_out(tmp_path, files(), overrides=[{"file": "config.json",
-                                            "delete": "quantization_config.kv_cache_scheme"}])
+    lay_out(tmp_path, files(),
+            overrides=[{"file": "config.json", "delete": "quantization_config.kv_cache_scheme"}])
     res = download(params(tmp_path, verify_hashes=True))
     assert res["verified"] and res["hash"]["files"] == 4
     flip_byte(str(tmp_path / "config.json.orig"), at=2)

@@ -380,6 +380,7 @@ def test_precision_grows_with_bursty_output():
 # Exact binary fractions, so the boundary is exact: ttft 250 ms, e2e 1250 ms, 5 tokens ->
 # tpot (1250 - 250) / 4 = 250 ms.
 
+
 def exact_rec():
     return rec(0.0, 1.25, ct=5, chunks=[0.25, 1.25], expected=5)
 

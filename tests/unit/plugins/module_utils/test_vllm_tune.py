@@ -274,8 +274,8 @@ def test_service_instances_keep_the_hosts_own_overrides_and_extra_args():
     prof = {"args": [], "gpu": {"required": True}}
     cand = {"layout": {"tensor_parallel": 1, "expert_parallel": False, "data_parallel": 1,
                        "instances": 1, "nccl_profile": None}, "knobs": {"max-num-seqs": 64}}
-    (a,) = t.service_instances(cand, prof, 8000, base_overrides={"max_model_len": 8192,
-                                                                  "parallel": {"pipeline": 1}},
+    (a,) = t.service_instances(cand, prof, 8000,
+                               base_overrides={"max_model_len": 8192, "parallel": {"pipeline": 1}},
                                base_extra_args=["--load-format", "dummy"])
     assert a["profile_overrides"]["max_model_len"] == 8192
     assert a["profile_overrides"]["parallel"] == {"pipeline": 1, "tensor": 1, "data": 1,
