@@ -44,8 +44,8 @@ def run(jobs, parallel, log_dir, out=sys.stdout, light=()):
             name, argv, is_light = pending.pop(0)
             path = os.path.join(log_dir, "%s.log" % name)
             log = open(path, "w")
-            print("=== start %s%s (+%.0f s): %s" % (name, " (light)" if is_light else "",
-                                                   time.time() - t0, shlex.join(argv)),
+            tag = " (light)" if is_light else ""
+            print("=== start %s%s (+%.0f s): %s" % (name, tag, time.time() - t0, shlex.join(argv)),
                   file=out, flush=True)
             proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL)
