@@ -74,25 +74,32 @@ def test_a_light_job_takes_no_slot_and_its_failure_fails_the_suite(tmp_path):
     marks = tmp_path / "marks"
     marks.mkdir()
     script = tmp_path / "job.py"
+    # a job with a peer waits (up to 20 s) until the peer has started: the light job and the
+    # first heavy job each wait for the other, so they can only both pass by running together
     script.write_text(
         "import os, sys, time\n"
-        "d, n, rc = sys.argv[1], sys.argv[2], int(sys.argv[3])\n"
+        "d, n, rc, peer = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]\n"
         "open(os.path.join(d, n + '.start'), 'w').write(repr(time.time()))\n"
-        "time.sleep(0.6)\n"
+        "t0 = time.time()\n"
+        "while peer != '-' and not os.path.exists(os.path.join(d, peer + '.start')):\n"
+        "    if time.time() - t0 > 20:\n"
+        "        sys.exit(9)\n"
+        "    time.sleep(0.05)\n"
         "open(os.path.join(d, n + '.end'), 'w').write(repr(time.time()))\n"
         "sys.exit(rc)\n")
-    heavy = [(n, [PY, str(script), str(marks), n, "0"]) for n in ("h1", "h2")]
-    light = [("checks", [PY, str(script), str(marks), "checks", "4"])]
+    heavy = [("h1", [PY, str(script), str(marks), "h1", "0", "checks"]),
+             ("h2", [PY, str(script), str(marks), "h2", "0", "-"])]
+    light = [("checks", [PY, str(script), str(marks), "checks", "4", "h1"])]
     out = io.StringIO()
     rc = run_suite.run(heavy, 1, str(tmp_path / "logs"), out=out, light=light)
-    start = {n: float((marks / ("%s.start" % n)).read_text()) for n in ("h1", "h2", "checks")}
-    end = {n: float((marks / ("%s.end" % n)).read_text()) for n in ("h1", "h2", "checks")}
-    # the light job ran beside the first heavy one; the heavy ones still one at a time
-    assert start["checks"] < end["h1"] and start["h1"] < end["checks"]
-    assert start["h2"] >= end["h1"] - 0.05
     text = out.getvalue()
+    # both waited for each other and passed: they ran side by side, the light job took no slot
+    assert "=== h1: passed" in text and "=== checks: FAILED (rc 4)" in text, text
+    # the heavy jobs still one at a time
+    end_h1 = float((marks / "h1.end").read_text())
+    assert float((marks / "h2.start").read_text()) >= end_h1 - 0.05
     assert rc == 1 and "=== start checks (light)" in text and "failed: checks" in text
-    assert "=== h1: passed" in text and "=== h2: passed" in text
+    assert "=== h2: passed" in text
 
 
 def test_light_and_heavy_names_must_differ():
