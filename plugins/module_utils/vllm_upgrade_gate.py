@@ -92,7 +92,7 @@ def decide(candidate_levels, current_levels, correctness, coherence=None, tolera
                             ("token_match_rate", "prefix_match_rate", "exact_match_prompts",
                              "prompts", "logprob_gap_max", "logprob_gap_mean",
                              "first_divergence")},
-            "coherence": dict(coherence or {}), "override": bool(override)}
+            "coherence": dict(coherence or {}), "override": bool(override) and bool(reasons)}
 
 
 def _f(x, fmt="%.1f"):
