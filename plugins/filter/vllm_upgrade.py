@@ -1,0 +1,52 @@
+"""Filters of vllm_install's upgrade gate (the logic is in
+plugins/module_utils/vllm_upgrade_gate.py)."""
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.vllm_ops.deploy.plugins.module_utils import vllm_upgrade_gate as gate
+
+
+def vllm_upgrade_decision(candidate_levels, current_levels, correctness, coherence=None,
+                          tolerance_pct=5.0, min_token_match=0.9, override=False):
+    """Accept or reject a new vLLM pin (see vllm_upgrade_gate.decide)."""
+    try:
+        return gate.decide(candidate_levels, current_levels, correctness, coherence,
+                           float(tolerance_pct), float(min_token_match), bool(override))
+    except (gate.GateError, ValueError) as exc:
+        raise AnsibleFilterError("vllm_upgrade_decision: %s" % exc)
+
+
+def vllm_upgrade_table(decision, current_pin="current", candidate_pin="candidate", journal=None,
+                       mode=None, comparison=None):
+    """The side-by-side table of a gate decision."""
+    return gate.render_table(decision, current_pin, candidate_pin, journal, mode, comparison)
+
+
+def vllm_upgrade_candidate_argv(argv, current_link, venv, port):
+    """The serving instance's argv run from the new venv on another port."""
+    try:
+        return gate.candidate_argv(argv, current_link, venv, port)
+    except gate.GateError as exc:
+        raise AnsibleFilterError("vllm_upgrade_candidate_argv: %s" % exc)
+
+
+def vllm_upgrade_history(doc, entry, keep=20):
+    """The host's upgrade history with an accepted pin appended."""
+    return gate.merge_history(doc, entry, int(keep))
+
+
+def vllm_upgrade_entry(decision, pin_id, pin, candidate_levels, mode, at, previous=None,
+                       downtime_s=None, versions=None):
+    """One accepted pin of the history."""
+    return gate.history_entry(pin_id, pin, decision, candidate_levels, mode, at, previous,
+                              downtime_s, versions)
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"vllm_upgrade_decision": vllm_upgrade_decision,
+                "vllm_upgrade_table": vllm_upgrade_table,
+                "vllm_upgrade_candidate_argv": vllm_upgrade_candidate_argv,
+                "vllm_upgrade_history": vllm_upgrade_history,
+                "vllm_upgrade_entry": vllm_upgrade_entry}
