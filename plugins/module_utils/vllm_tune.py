@@ -459,7 +459,10 @@ class Search:
     saturation or the first SLO break) and returns {'levels': [...], 'correctness': {...} or
     None, 'elapsed_s': float}. Round 1 measures every candidate with a short window; later
     rounds re-measure the leaders with longer windows, only up to twice the level where they
-    peaked. ``clock()`` gives seconds (for the minutes budget).
+    peaked. The default candidate (``default: True``) is measured again in every round while it
+    qualifies, so the winner is compared with it at the same window length; each round starts
+    with the candidate still serving from the round before (no restart). ``clock()`` gives
+    seconds (for the minutes budget).
     """
 
     def __init__(self, candidates, measure, levels, base_window_s=3.0, eta=2, max_rounds=3,
@@ -485,6 +488,7 @@ class Search:
     def run(self):
         t0 = self.clock() if self.clock else 0.0
         alive = list(self.candidates)
+        serving = None
         schedule = halving_rounds(len(alive), self.base_window_s, self.eta, self.max_rounds)
         for rnd, (_k, window) in enumerate(schedule):
             if rnd > 0:
@@ -493,6 +497,16 @@ class Search:
                 alive = [c for c in ranked if self._qualified(c["id"])][:keep]
                 if len(alive) < 1:
                     break
+                # the default goes on into every round (qualified): the winner is compared
+                # with it at the same window length, not with its shortest first window
+                default = next((c for c in ranked if c.get("default") and self._qualified(c["id"])
+                                and c not in alive), None)
+                if default is not None:
+                    alive.append(default)
+                # the candidate still serving from the last round goes first: no restart
+                if serving is not None and serving in alive:
+                    alive.remove(serving)
+                    alive.insert(0, serving)
             for cand in alive:
                 if self._over_budget(t0):
                     self.log.append("budget of %s min reached before %s (round %d)"
@@ -504,6 +518,7 @@ class Search:
                     per = peak // cand["layout"]["instances"] if peak else self.levels[0]
                     levels = [lv for lv in self.levels if lv <= 2 * per] or self.levels[:1]
                 m = self.measure(cand, window, levels)
+                serving = cand
                 self.measured_s += m.get("elapsed_s") or 0.0
                 res = self.results.setdefault(cand["id"], {"candidate": cand, "rounds": []})
                 lay = cand["layout"]
