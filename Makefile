@@ -78,10 +78,12 @@ molecule-all: setup
 	$(BIN)/python tests/harness/run_molecule.py
 
 # The heavy jobs run TEST_JOBS at a time (tests/harness/run_suite.py): each has its own test
-# hosts and ports; each job's output is printed whole when it ends.
-test: unit lint sanity $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed .cache/tiny-model/config.json \
+# hosts and ports; each job's output is printed whole when it ends. The checks (unit, lint,
+# sanity: no test host) run beside the first heavy jobs as a light job that takes no slot.
+test: setup $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed .cache/tiny-model/config.json \
 	  .cache/tiny-model-b/config.json
 	$(BIN)/python tests/harness/run_suite.py --jobs $(TEST_JOBS) \
+	  --light "checks=make --no-print-directory unit lint sanity" \
 	  "molecule-$(firstword $(MOLECULE_SCENARIOS))=molecule test -s $(firstword $(MOLECULE_SCENARIOS))" \
 	  "integration=$(SLOW_PYTEST) tests/integration" \
 	  $(foreach s,$(wordlist 2,3,$(MOLECULE_SCENARIOS)),"molecule-$(s)=molecule test -s $(s)") \

@@ -13,6 +13,12 @@
 #   tests/gpu/host.sh deploy TAG [MODEL] [ansible-playbook args...]
 #                                       write the inventory for MODEL (llama | minimax | kimi),
 #                                       run deploy.yml, keep the log and the recap in $OUT
+#   tests/gpu/host.sh bench TAG LEVELS   our sweep vs `vllm bench serve` side by side against the
+#                                       deployed llama (tests/benchmarks/bench_sweep_vs_vllm.py,
+#                                       the host's own vLLM venv; GPU_HOST_BENCH_DURATION (15 s),
+#                                       GPU_HOST_BENCH_REPS (3), GPU_HOST_BENCH_BUDGET (540 s))
+#   tests/gpu/host.sh tune ARGS...      `vllm-deploy tune -i <the inventory> --host gpuhost ARGS`
+#                                       from the machine (ansible-runner and rich from extras/tune)
 #   tests/gpu/host.sh kill9             kill -9 the unit's main PID: restart, readiness, no orphan
 #                                       on the GPU (nvidia-smi), no leaked GPU memory
 #   tests/gpu/host.sh collect           logs, journal, write-back, unit files into $OUT
@@ -238,6 +244,32 @@ step_deploy() { # step_deploy TAG [MODEL] [ansible-playbook args...]
   tail -1 "$OUTD/summary.txt" | grep -q 'rc=0'
 }
 
+step_bench() { # step_bench TAG LEVELS: against the deployed llama (deploy TAG llama first)
+  local tag=$1 levels=$2 vpy=/opt/vllm-deploy/current/bin/python
+  timeout "${GPU_HOST_BENCH_TIMEOUT:-580}" "$PY" tests/benchmarks/bench_sweep_vs_vllm.py --vllm-python "$vpy" \
+    --model-dir "$MODELS/llama-0.9b-dummy" --model llama-0.9b-dummy --base-url "http://127.0.0.1:$VLLM_PORT" \
+    --levels "$levels" --input-len 128 --output-len 128 --duration-s "${GPU_HOST_BENCH_DURATION:-15}" \
+    --vocab-size 2048 --reps "${GPU_HOST_BENCH_REPS:-3}" --time-budget-s "${GPU_HOST_BENCH_BUDGET:-540}" \
+    --json-out "$OUTD/bench-$tag.json" 2>&1 | tee "$OUTD/bench-$tag.txt"
+  cp /tmp/bench-sweep-*/children.log "$OUTD/bench-children-$tag.log" 2>/dev/null
+  return 0
+}
+
+step_tune() { # step_tune ARGS...: the tuner over the inventory `deploy` wrote
+  if [ ! -d "$ST/tune-site/ansible_runner" ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$ST/tune-site" "$EXTRAS"/tune/*.whl || return 1
+  fi
+  local rc
+  ( ansible_env
+    export PYTHONPATH=$ROOT:$ANS:$ST/tune-site
+    "$PY" -m vllm_deploy tune -i "$INV/hosts.yml" --host "$NAME" "$@" 2>&1 | tee "$OUTD/tune.txt"
+    exit "${PIPESTATUS[0]}" )
+  rc=$?
+  cp "$INV/host_vars/$NAME/vllm_tune.yml" "$OUTD/" 2>/dev/null
+  [ -d "$INV/reports/$NAME/tune" ] && tar -C "$INV/reports/$NAME" -czf "$OUTD/tune-reports.tar.gz" tune
+  return $rc
+}
+
 step_kill9() {
   "$PY" - "$KEY" "$SSH_PORT" "$VLLM_PORT" <<'EOF' | tee -a "$OUTD/summary.txt"
 import json, subprocess, sys, time, urllib.request
@@ -313,6 +345,8 @@ case ${1:-} in
   boot) step_boot ;;
   prepare) step_prepare ;;
   deploy) shift; step_deploy "$@" ;;
+  bench) step_bench "$2" "$3" ;;
+  tune) shift; step_tune "$@" ;;
   kill9) step_kill9 ;;
   collect) step_collect ;;
   stop) step_stop ;;

@@ -68,3 +68,35 @@ def test_bad_job_specs_are_refused(capsys):
         with pytest.raises(SystemExit) as e:
             run_suite.main(argv)
         assert e.value.code == 2
+
+
+def test_a_light_job_takes_no_slot_and_its_failure_fails_the_suite(tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "d, n, rc = sys.argv[1], sys.argv[2], int(sys.argv[3])\n"
+        "open(os.path.join(d, n + '.start'), 'w').write(repr(time.time()))\n"
+        "time.sleep(0.6)\n"
+        "open(os.path.join(d, n + '.end'), 'w').write(repr(time.time()))\n"
+        "sys.exit(rc)\n")
+    heavy = [(n, [PY, str(script), str(marks), n, "0"]) for n in ("h1", "h2")]
+    light = [("checks", [PY, str(script), str(marks), "checks", "4"])]
+    out = io.StringIO()
+    rc = run_suite.run(heavy, 1, str(tmp_path / "logs"), out=out, light=light)
+    start = {n: float((marks / ("%s.start" % n)).read_text()) for n in ("h1", "h2", "checks")}
+    end = {n: float((marks / ("%s.end" % n)).read_text()) for n in ("h1", "h2", "checks")}
+    # the light job ran beside the first heavy one; the heavy ones still one at a time
+    assert start["checks"] < end["h1"] and start["h1"] < end["checks"]
+    assert start["h2"] >= end["h1"] - 0.05
+    text = out.getvalue()
+    assert rc == 1 and "=== start checks (light)" in text and "failed: checks" in text
+    assert "=== h1: passed" in text and "=== h2: passed" in text
+
+
+def test_light_and_heavy_names_must_differ():
+    import pytest
+    with pytest.raises(SystemExit) as e:
+        run_suite.main(["--light", "a=true", "a=false"])
+    assert e.value.code == 2
