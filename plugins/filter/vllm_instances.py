@@ -57,16 +57,17 @@ def vllm_model_limits(configs, tokenizer_configs=None):
 
 
 def vllm_transition_plan(declared, host_instances, changed=None, restart_all=None,
-                         remove_undeclared=True, listeners=None):
+                         remove_undeclared=True, listeners=None, restart=None):
     """What vllm_service's transition does on a host (see module_utils/vllm_transition.plan):
     which instances start, are written, stopped first, removed or kept, what a rollback
-    restores, one line per change, and the refusals (ports, GPU sets of kept instances)."""
+    restores, one line per change, and the refusals (ports, GPU sets of kept instances).
+    restart: {name: [reasons]} restarts those instances only (new weights in their model_dir)."""
     if not isinstance(declared, list):
         raise AnsibleFilterError("vllm_transition_plan: expected the resolved instances, got %r"
                                  % (declared,))
     return _tx.plan(declared, dict(host_instances or {}), dict(changed or {}),
                     list(restart_all or []), bool(remove_undeclared), dict(listeners or {}),
-                    redact=_hs.redact)
+                    redact=_hs.redact, restart=dict(restart or {}))
 
 
 def vllm_downtime(ready_at, stopped_at, started, served_before):

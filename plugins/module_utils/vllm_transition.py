@@ -7,7 +7,8 @@ change), and returns what the vllm_service role's transition does, plus every re
 anything is written:
 
 * ``start``: declared instances that (re)start: their unit or environment changes, every one
-  when the serving venv or the weights changed (``restart_all``), or they are not running;
+  when the serving venv changed (``restart_all``), those serving a model directory whose
+  weights changed (``restart``), or they are not running;
 * ``write``: declared instances whose files are written;
 * ``remove``: instances on the host that are no longer declared (stopped, disabled, their unit
   and environment file deleted), unless ``remove_undeclared`` is false: then ``keep`` reports
@@ -96,19 +97,22 @@ def _units(names, by_name):
 
 
 def plan(declared, host, changed, restart_all=None, remove_undeclared=True, listeners=None,
-         redact=None):
+         redact=None, restart=None):
     """See the module docstring.
 
     declared: resolved instances (name, unit, port, gpus, gpu_required, argv, env, model_dir).
     host: {name: instance on the host} (vllm_host_state.read_instances + systemd state).
     changed: {name: [files that change, e.g. 'unit', 'environment']} of declared instances.
     restart_all: reasons every declared instance restarts ([] or None: none).
+    restart: {name: [reasons]} for some declared instances only (new weights in the model
+        directory they serve: the instances serving another directory keep running).
     listeners: {port (str or int): [{'pid', 'process', 'unit', 'address'}]}.
     redact: function env -> env with secret values hidden (vllm_host_state.redact).
     """
     host = dict(host or {})
     changed = dict((k, list(v)) for k, v in (changed or {}).items() if v)
     restart_all = [r for r in (restart_all or []) if r]
+    restart = dict((k, [r for r in v if r]) for k, v in (restart or {}).items())
     listeners = dict((int(k), v) for k, v in (listeners or {}).items())
     redact = redact or (lambda env: env)
     names = [d["name"] for d in declared]
@@ -141,6 +145,7 @@ def plan(declared, host, changed, restart_all=None, remove_undeclared=True, list
                     what = ["%s settings" % " and ".join(changed[name])]
                 reasons.append("; ".join(what))
             reasons.extend(restart_all)
+            reasons.extend(r for r in restart.get(name, []) if r not in reasons)
             state = on_host.get("active_state")
             if not reasons and state not in ("active",):
                 reasons.append("not running (%s)" % (state or "unknown state"))

@@ -139,6 +139,27 @@ def test_missing_model_directory_is_refused(tmp_path):
     assert "model_weights_local_dir" in out
 
 
+@pytest.mark.parametrize("source", ["hf", "path"])
+def test_max_model_len_above_the_models_limit_on_the_host_is_refused(tmp_path, source):
+    # The weights are on the host already (a source that downloads, or a host path): the
+    # limit comes from their config.json there, refused in play 1 before any file changes.
+    model = tmp_path / "models" / "tiny"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(
+        '{"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 1024}\n')
+    before = sorted(p.name for p in model.iterdir())
+    extra = {"hf": {"model_weights_repo_id": "demo/tiny-llama", "model_weights_revision": "main"},
+             "path": {}}[source]
+    rc, out = run_deploy(tmp_path, LOCAL, dict(
+        extra, model_weights_source=source, vllm_deploy_models_root=str(tmp_path / "models"),
+        vllm_service_instances=[{"name": "one", "port": 8999,
+                                 "profile_overrides": {"max_model_len": 4096}}]))
+    assert_refused_before_converge(rc, out)
+    assert ("instance one: max_model_len 4096 is above the model's limit 1024 (derived from %s/config.json"
+            % model) in out, out
+    assert sorted(p.name for p in model.iterdir()) == before
+
+
 def test_gpu_host_gpus_not_a_list_names_itself(tmp_path):
     rc, out = run_deploy(tmp_path, LOCAL, {"gpu_host_gpus": 8})
     assert_refused_before_converge(rc, out)

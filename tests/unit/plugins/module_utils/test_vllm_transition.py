@@ -79,6 +79,22 @@ def test_restart_all_restarts_every_instance():
     assert p["write"] == []
 
 
+def test_new_weights_restart_only_the_instances_serving_them():
+    # a swap of instance two to model B: B's weights are new, one serves A and keeps running
+    decl = [declared("one", 8220, model="/srv/models/a"), declared("two", 8221, model="/srv/models/b")]
+    host = {"one": on_host("one", 8220, model="/srv/models/a"),
+            "two": on_host("two", 8221, model="/srv/models/a")}
+    p = tx.plan(decl, host, {"two": ["unit"]}, restart={"two": ["new weights in /srv/models/b"]})
+    assert p["start"] == ["two"] and p["stop"] == ["two"] and p["write"] == ["two"]
+    assert p["changes"] == ["instance two: --model /srv/models/a -> /srv/models/b; "
+                            "new weights in /srv/models/b"]
+    # new weights in the directory both serve (a new revision): both restart, unchanged files
+    p = tx.plan(decl[:1] + [declared("two", 8221, model="/srv/models/a")],
+                {"one": host["one"], "two": host["two"]}, {},
+                restart={"one": ["new weights"], "two": ["new weights"]})
+    assert p["start"] == ["one", "two"] and p["write"] == []
+
+
 def test_rename_split_frees_the_old_port_first_and_removes_the_old_instance():
     # main holds 8100; a takes 8100 and b 8102: main is stopped first, then removed
     decl = [declared("a", 8100), declared("b", 8102)]
