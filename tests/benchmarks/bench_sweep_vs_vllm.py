@@ -1014,6 +1014,12 @@ def format_report(report, tolerance=TOLERANCE, cpu_ratio_max=CPU_RATIO_MAX):
                              "cost per run %s CPU-s" % (
                                  name, rd.get("startup_cpu_s", 0), rd.get("startup_wall_s", 0),
                                  fmt(wu.get("cpu_s"), "%.3f"), fmt(fx.get("cpu_s"), "%.3f")))
+            fixed = [(v.get("prompt_format"), v) for k, v in sorted(w.items())
+                     if k == "fixed" or k.startswith("fixed_")]
+            if len(fixed) > 1:  # ours with both prompt formats: the preflight differs
+                lines.append("%s worker: fixed cost per run by prompt format: %s" % (
+                    name, ", ".join("%s %.3f CPU-s %.2f s wall" % (pf, v["cpu_s"], v["wall_s"])
+                                    for pf, v in fixed)))
     loops = sorted(set(r.get("event_loop") for level in report["levels"]
                        for r in level.get("runs", []) if r.get("tool") == "ours"
                        and r.get("event_loop")))
