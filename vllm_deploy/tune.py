@@ -2,8 +2,9 @@
 
 Each candidate is served through the normal service path (the playbook vllm_ops.deploy.tune:
 the vllm_service role with the candidate's instances, readiness included) and measured with the
-sweep, all its instances at once; the search (successive halving, early stop at saturation and at
-the first SLO break) lives in plugins/module_utils/vllm_tune.py. vLLM's compile caches
+sweep, all its instances at once; the search (``strategy``: screening one knob at a time, then
+successive halving among the leaders, or successive halving over every candidate, or the grid;
+early stop at saturation and at the first SLO break) lives in plugins/module_utils/vllm_tune.py. vLLM's compile caches
 (torch.compile / inductor / triton under the service user's ~/.cache) are kept between restarts:
 they belong to the service home, which no candidate touches.
 

@@ -1,6 +1,7 @@
 """The autotuner's logic (issue 17), pure Python: SLO classes, the budget, candidate
-enumeration admitted by the capacity planner, the search (successive halving with early stop at
-saturation), scoring from the sweep's levels, the correctness gate's comparison, noise-aware
+enumeration admitted by the capacity planner, the search (``screen``: one knob at a time from the
+default, the winners' combination, then halving among the leaders; or successive halving over
+every candidate; early stop at saturation), scoring from the sweep's levels, the correctness gate's comparison, noise-aware
 ranking with ties broken towards the simpler layout, and the write-back document.
 
 Nothing here talks to a host: the orchestrator (``vllm_deploy.tune``) serves each candidate
