@@ -12,12 +12,17 @@ counts, a light SSE parser of its own, and per level:
 4. drain: workers send nothing more and finish their in-flight requests (excluded from rates,
    included in the server cross-check, which covers the whole level).
 
-Prompts are random token-id lists of exactly ``input_len`` tokens drawn from the server's
-vocabulary (its size is learned with a binary search over ``/v1/completions`` validation
+Prompts (``prompt_format: token_ids``, the default) are random token-id lists of exactly
+``input_len`` tokens drawn from the server's vocabulary (its size is learned with a binary search over ``/v1/completions`` validation
 errors unless given; a probe whose connection drops or that gets HTTP 5xx counts as out of range
 only while the server still accepts token id 0), from a generator seeded once per run and per level, so no level reuses
 another's prompts and prefix caching cannot flatter later levels. Output length is forced with
-``max_tokens = min_tokens = output_len`` and ``ignore_eos``; counts come from the server's
+``max_tokens = min_tokens = output_len`` and ``ignore_eos``. With ``prompt_format: text`` a
+completions prompt is text, as `vllm bench serve`'s random dataset sends it, so the server's
+tokenization is part of every request (see ``Sweep._text_setup``): random words, each one token
+after a space in the server's tokenizer, as many as make exactly ``input_len`` prompt tokens with
+the special tokens the server adds (BOS), checked with ``/tokenize`` before the first level.
+Every request's ``usage.prompt_tokens`` is compared with ``input_len`` (``input_length``). Counts come from the server's
 ``usage`` (``stream_options.include_usage``). Every streamed chunk with a choice is a token
 chunk (as `vllm bench serve` counts them: a token may decode to no text). With ``chunk_usage``
 the server also reports running usage in every chunk (``continuous_usage_stats``), which gives
@@ -63,6 +68,32 @@ PROBE_TIMEOUT_S = 60
 TOKEN_CHUNK_MARK = b'"choices":[{'
 USAGE_MARK = b'"usage":'
 USAGE_NULL = b'"usage":null'
+PROMPT_FORMATS = ("token_ids", "text")
+# prompt_format text: candidate words (common English, and the words the project's tiny
+# tokenizer is trained on); the preflight keeps those that are one token after a space
+PROMPT_WORDS = tuple(sorted(set((
+    "the a an of to in for on with as at by from about into over after under between "
+    "model token server request response stream latency throughput batch queue cache memory "
+    "gpu cpu node host cluster network switch link bandwidth kernel driver version install "
+    "deploy verify benchmark level concurrency window sample prompt output input length "
+    "weights tensor parallel pipeline expert attention layer head vector matrix value key "
+    "fast slow small large first last next ready healthy failed started stopped restart "
+    "one two three four five six seven eight nine ten hundred thousand million "
+    "is are was were be been has have had do does did can will would should may might "
+    "and or but not no yes all any some each every other more most many much few new old "
+    "good great long short high low big little right left same different own just only "
+    "time year day week people man woman child world life hand part place case point group "
+    "number way work system program question government company state house water room "
+    "he she it we they you i me him her us them my your his its our their this that these "
+    "those what which who when where why how there here then now also very well even back "
+    "up down out off again still never always often make take come give look use find tell "
+    "ask seem feel try leave call keep let begin show hear play run move live believe hold "
+    "bring write stand lose pay meet include continue set learn change lead understand watch "
+    "follow stop create speak read spend grow open walk win offer remember love consider "
+    "appear buy wait serve die send expect build stay fall cut reach kill remain").split())))
+TEXT_MIN_WORDS = 16        # fewer one-token words than this: prompts would repeat too often
+TEXT_CHECK_PROMPTS = 8     # random prompts tokenized at preflight, each must be input_len
+TOKENIZE_CONCURRENCY = 8
 CHAT_WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
               "november oscar papa quebec romeo sierra tango uniform victor whiskey xray "
               "yankee zulu").split()
@@ -119,6 +150,12 @@ def check_params(p):
                          % (p.get("event_loop"),))
     if p.get("endpoint") not in ("completions", "chat"):
         raise SweepError("endpoint must be 'completions' or 'chat', got %r" % (p.get("endpoint"),))
+    fmt = p.get("prompt_format") or "token_ids"
+    if fmt not in PROMPT_FORMATS:
+        raise SweepError("prompt_format must be 'token_ids' or 'text', got %r" % (fmt,))
+    if fmt == "text" and p.get("endpoint") == "chat":
+        raise SweepError("prompt_format=text applies to endpoint=completions (chat prompts are "
+                         "always text, their length set by the chat template)")
     if p.get("repeats") is not None and (not isinstance(p["repeats"], int) or p["repeats"] < 1):
         raise SweepError("repeats must be an integer >= 1, got %r" % (p["repeats"],))
     if p.get("processes") is not None and (not isinstance(p["processes"], int)
@@ -159,6 +196,8 @@ class Sweep(object):
         if self.seed is None:  # fresh per run: a re-run must not hit the previous run's cache
             self.seed = int.from_bytes(os.urandom(4), "big")
         self.vocab_size = self.p.get("vocab_size")
+        self.prompt_format = self.p.get("prompt_format") or "token_ids"
+        self.text = None  # prompt_format text: the words (set by the preflight, see _text_setup)
         self.server = {}
         self.t0 = time.perf_counter()
         self.session = None
@@ -198,9 +237,13 @@ class Sweep(object):
             raise SweepError("input_len + output_len = %d exceeds the server's max_model_len %d"
                              % (need, max_len))
         self.server = {"served_models": served, "max_model_len": max_len}
-        if self.p["endpoint"] == "completions" and self.vocab_size is None:
+        if self.p["endpoint"] == "completions" and self.prompt_format == "text":
+            self.server["prompt_text"] = await self._text_setup()
+        elif self.p["endpoint"] == "completions" and self.vocab_size is None:
             self.vocab_size = await self._probe_vocab()
         self.server["vocab_size"] = self.vocab_size
+        self.server["prompt_format"] = (self.prompt_format if self.p["endpoint"] == "completions"
+                                        else "chat")
         before = await self.scrape()
         self.server["metrics_available"] = before is not None
 
@@ -266,6 +309,99 @@ class Sweep(object):
                 hi = mid
         return lo + 1
 
+    # --- prompt_format text ----------------------------------------------------------------
+    async def _tokenize(self, text, special=True):
+        """Prompt tokens of ``text`` as the server counts them (``POST /tokenize``, the
+        completions API's tokenization: special tokens added unless ``special`` is False)."""
+        url = self.base + "/tokenize"
+        body = {"model": self.p["model"], "prompt": text, "add_special_tokens": special}
+        try:
+            async with self.session.post(url, json=body, headers=self.headers,
+                                         timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+                                         ) as r:
+                status, answer = r.status, await r.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            raise SweepError("prompt_format=text needs the server's /tokenize endpoint: %s: "
+                             "%s: %s; use prompt_format=token_ids"
+                             % (url, type(e).__name__, _short(e, 200)))
+        if status != 200:
+            raise SweepError("prompt_format=text needs the server's /tokenize endpoint: %s "
+                             "answered HTTP %d: %s; use prompt_format=token_ids"
+                             % (url, status, _short(answer, 200)))
+        try:
+            data = json.loads(answer)
+            count = data["count"] if "count" in data else len(data["tokens"])
+        except (ValueError, KeyError, TypeError):
+            raise SweepError("prompt_format=text: %s did not return a token count: %s; use "
+                             "prompt_format=token_ids" % (url, _short(answer, 200)))
+        return int(count)
+
+    async def _tokenize_many(self, texts):
+        sem = asyncio.Semaphore(TOKENIZE_CONCURRENCY)
+
+        async def one(t):
+            async with sem:
+                return await self._tokenize(t)
+        return await asyncio.gather(*[one(t) for t in texts])
+
+    async def _text_setup(self):
+        """Words for prompt_format text, learned from the server's tokenizer.
+
+        The special tokens a prompt gets: /tokenize of one word with and without them (vllm
+        bench serve's ``num_special_tokens_to_add``). Words that are one token after a space:
+        ``anchor + " " + w`` counts one more than ``anchor``. The first word stands at the start
+        of the text, without a space before it: those of the words that are one token there too
+        (with the special tokens), else the prompt starts with a space and any word. A prompt is
+        the first word and ``input_len - special - 1`` more, drawn with the level's seeded
+        generator; TEXT_CHECK_PROMPTS random ones must count exactly ``input_len`` (else the
+        sweep fails here, naming prompt_format).
+        """
+        anchor = "the"
+        n_anchor = await self._tokenize(anchor)
+        special = n_anchor - await self._tokenize(anchor, special=False)
+        n_words = self.p["input_len"] - special
+        if special < 0 or n_words < 1:
+            raise SweepError("prompt_format=text: the server adds %d special tokens to a prompt, "
+                             "so input_len %d cannot be made of words; raise input_len or use "
+                             "prompt_format=token_ids" % (special, self.p["input_len"]))
+        counts = await self._tokenize_many([anchor + " " + w for w in PROMPT_WORDS])
+        words = [w for w, c in zip(PROMPT_WORDS, counts) if c - n_anchor == 1]
+        if len(words) < TEXT_MIN_WORDS:
+            raise SweepError("prompt_format=text: only %d of %d candidate words are one token "
+                             "after a space in the server's tokenizer (at least %d needed); use "
+                             "prompt_format=token_ids" % (len(words), len(PROMPT_WORDS),
+                                                          TEXT_MIN_WORDS))
+        lead = ""
+        counts = await self._tokenize_many(words)
+        first = [w for w, c in zip(words, counts) if c == special + 1]
+        if not first:  # e.g. a tokenizer that knows words only after a space
+            lead = " "
+            counts = await self._tokenize_many([" " + w for w in words])
+            first = [w for w, c in zip(words, counts) if c == special + 1]
+        if not first:
+            raise SweepError("prompt_format=text: no candidate word is one token at the start "
+                             "of a prompt in the server's tokenizer; use prompt_format=token_ids")
+        self.text = {"lead": lead, "first": first, "words": words, "n_words": n_words}
+        rng = random.Random("%d/text-check" % self.seed)
+        checks = [self._text_prompt(rng) for _unused in range(TEXT_CHECK_PROMPTS)]
+        got = await self._tokenize_many(checks)
+        bad = [c for c in got if c != self.p["input_len"]]
+        if bad:
+            self.text = None
+            raise SweepError("prompt_format=text: %d of %d random prompts of %d words came out "
+                             "at %s tokens, not input_len %d, in the server's tokenizer; use "
+                             "prompt_format=token_ids"
+                             % (len(bad), len(got), n_words, sorted(set(bad)),
+                                self.p["input_len"]))
+        return {"special_tokens": special, "words": len(words), "first_words": len(first),
+                "leading_space": bool(lead), "checked_prompts": len(got)}
+
+    def _text_prompt(self, rng):
+        t = self.text
+        words, choice = t["words"], rng.choice
+        return t["lead"] + " ".join([choice(t["first"])] +
+                                    [choice(words) for _unused in range(t["n_words"] - 1)])
+
     async def scrape(self):
         """Server counters from /metrics, or None when they cannot be read."""
         try:
@@ -291,6 +427,8 @@ class Sweep(object):
         if p["endpoint"] == "chat":
             words = " ".join(rng.choice(CHAT_WORDS) for _unused in range(p["input_len"]))
             body["messages"] = [{"role": "user", "content": words}]
+        elif self.text is not None:
+            body["prompt"] = self._text_prompt(rng)
         else:
             v = self.vocab_size
             body["prompt"] = [rng.randrange(v) for _unused in range(p["input_len"])]
@@ -435,7 +573,11 @@ class Sweep(object):
     def _finish_level(self, conc, cfg, state, client, before, after, level_start, level_end,
                       w0, w1):
         records = state.records
-        summary = summarize_level(records, conc, w0, w1, self.p["output_len"], slo=self.slo())
+        summary = summarize_level(
+            records, conc, w0, w1, self.p["output_len"], slo=self.slo(),
+            expected_prompt_tokens=(self.p["input_len"] if self.p["endpoint"] == "completions"
+                                    else None),
+            prompt_format=self.server.get("prompt_format") or self.prompt_format)
         total_out = sum(r.completion_tokens or 0 for r in records)
         client["cpu_ms_per_1k_output_tokens"] = (
             round(client["cpu_s_level"] * 1e6 / total_out, 3) if total_out else None)

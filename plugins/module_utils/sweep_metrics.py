@@ -48,6 +48,10 @@ clock, reported in milliseconds):
   chunk - send; latency (E2EL) = last token chunk - send; TPOT = (latency - TTFT) / (N - 1)
   for N > 1; ITL = every gap between consecutive token chunks; mean, median, std (population,
   np.std) and p50/p90/p99 (np.percentile's linear interpolation).
+* Prompt lengths (``input_length``): every successful request's usage.prompt_tokens against
+  ``input_len`` (completions, either prompt format; mismatches are counted and the level is
+  marked when there is one), with the prompt-token total of the level (the server
+  cross-check compares it with the ``vllm:prompt_tokens_total`` delta).
 * Precision (``precision``): output tok/s with a batch-means interval (the window cut into
   ``PRECISION_BATCHES`` equal sub-windows; each request's tokens spread evenly over the span
   of its token chunks, the tokens falling in a sub-window / its length are the batch values;
@@ -308,6 +312,31 @@ def output_length_check(records, expected):
     }
 
 
+def prompt_length_check(records, expected, prompt_format=None):
+    """Successful requests whose usage.prompt_tokens != expected (``input_len``; None for
+    chat, whose length the template sets: then nothing is compared) and the level's prompt-token
+    total (every request with a usage report, as the server cross-check counts them). Marked
+    when any request missed: both prompt formats are meant to be exact."""
+    ok = [r for r in records if r.ok]
+    total = sum(r.prompt_tokens or 0 for r in records)
+    if expected is None:
+        return {"expected": None, "prompt_format": prompt_format, "checked": len(ok),
+                "mismatched": None, "fraction": None, "marked": False,
+                "prompt_tokens_total": total, "lengths_seen": None}
+    missed = [r for r in ok if r.prompt_tokens != expected]
+    seen = sorted(set(r.prompt_tokens for r in missed if r.prompt_tokens is not None))
+    return {
+        "expected": expected,
+        "prompt_format": prompt_format,
+        "checked": len(ok),
+        "mismatched": len(missed),
+        "fraction": round(len(missed) / float(len(ok)), 6) if ok else 0.0,
+        "marked": bool(missed),
+        "prompt_tokens_total": total,
+        "lengths_seen": seen[:10],  # the wrong lengths (at most 10)
+    }
+
+
 def _meets(r, slo):
     if slo.get("ttft_ms") is not None and (r.ttft is None or r.ttft * 1000.0 > slo["ttft_ms"]):
         return False
@@ -325,8 +354,11 @@ def clean_slo(slo):
     return dict((k, float(v)) for k, v in (slo or {}).items() if v is not None)
 
 
-def summarize_level(records, concurrency, w0, w1, expected_tokens, slo=None):
-    """Summary of one level over the window [w0, w1] (see the module docstring)."""
+def summarize_level(records, concurrency, w0, w1, expected_tokens, slo=None,
+                    expected_prompt_tokens=None, prompt_format=None):
+    """Summary of one level over the window [w0, w1] (see the module docstring);
+    ``expected_prompt_tokens`` (input_len) is what every request's usage.prompt_tokens is
+    compared with (``input_length``)."""
     if w1 <= w0:
         raise ValueError("window end %r must be after its start %r" % (w1, w0))
     slo = clean_slo(slo)
@@ -377,6 +409,7 @@ def summarize_level(records, concurrency, w0, w1, expected_tokens, slo=None):
             "max": max(chunk_tokens) if chunk_tokens else None,
         },
         "output_length": output_length_check(records, expected_tokens),
+        "input_length": prompt_length_check(records, expected_prompt_tokens, prompt_format),
         "errors": errors,
     }
     if slo:
@@ -471,6 +504,8 @@ def headline(levels):
                                   if (s.get("client") or {}).get("client_limited")],
         "output_length_marked_levels": [s["concurrency"] for s in levels
                                         if s["output_length"]["marked"]],
+        "input_length_marked_levels": [s["concurrency"] for s in levels
+                                       if (s.get("input_length") or {}).get("marked")],
         "levels_with_errors": [s["concurrency"] for s in levels if s["requests_failed"]],
     }
 
@@ -613,9 +648,9 @@ def server_cross_check(before, after, records):
 
 def format_table(levels):
     """Plain-text per-level table (list of lines) for logs and the demo."""
-    head = ("%5s %6s %6s %10s %6s %10s %9s %9s %9s %9s %7s | %10s %9s  %s"
+    head = ("%5s %6s %6s %10s %6s %10s %9s %9s %9s %9s %7s %7s | %10s %9s  %s"
             % ("conc", "ok", "fail", "out_tok/s", "+-95%", "tot_tok/s", "ttft_p50", "ttft_p99",
-               "tpot_p50", "tpot_p99", "srv_chk", "run_tok/s", "run_ttft", "flags"))
+               "tpot_p50", "tpot_p99", "srv_chk", "in_miss", "run_tok/s", "run_ttft", "flags"))
     lines = [head]
     for s in levels:
         flags = []
@@ -623,6 +658,9 @@ def format_table(levels):
             flags.append("errors")
         if s["output_length"]["marked"]:
             flags.append("length-miss")
+        inlen = s.get("input_length") or {}
+        if inlen.get("marked"):
+            flags.append("prompt-length-miss")
         if (s.get("client") or {}).get("client_limited"):
             flags.append("client-limited")
         if (s.get("slo") or {}).get("met") is False:
@@ -631,15 +669,17 @@ def format_table(levels):
         prec = (s.get("precision") or {}).get("output_tok_s") or {}
         whole = s.get("whole_run") or {}
         hw = prec.get("half_width_pct")
-        lines.append("%5d %6d %6d %10.1f %6s %10.1f %9s %9s %9s %9s %7s | %10s %9s  %s" % (
+        lines.append("%5d %6d %6d %10.1f %6s %10.1f %9s %9s %9s %9s %7s %7s | %10s %9s  %s" % (
             s["concurrency"], s["requests_ok"], s["requests_failed"], s["output_tok_s"],
             "-" if hw is None else "%.1f%%" % hw,
             s["total_tok_s"], _fmt(s["ttft_ms"]["p50"]), _fmt(s["ttft_ms"]["p99"]),
             _fmt(s["tpot_ms"]["p50"]), _fmt(s["tpot_ms"]["p99"]),
             "n/a" if chk is None else ("ok" if chk else "DIFF"),
+            "-" if inlen.get("mismatched") is None else str(inlen["mismatched"]),
             _fmt(whole.get("output_tok_s")), _fmt((whole.get("ttft_ms") or {}).get("median")),
             ",".join(flags)))
-    lines.append("left of |: steady_state window (+-95%: output tok/s interval half-width); "
+    lines.append("left of |: steady_state window (+-95%: output tok/s interval half-width; "
+                 "in_miss: requests whose usage.prompt_tokens != input_len); "
                  "right: whole_run as vllm bench serve (first send to last completion; "
                  "run_ttft = TTFT median, ms)")
     return lines

@@ -14,8 +14,9 @@ description:
     least I(min_requests) requests (whichever ends later), then a drain (in-flight requests
     finish; nothing new is sent). Ramp-up and drain are excluded from rates and latencies.
   - Prompts are random token-id lists of exactly I(input_len) tokens sent to
-    C(/v1/completions), drawn afresh per level and per run so prefix caching cannot flatter a
-    level. Output length is forced with C(max_tokens = min_tokens = output_len) and
+    C(/v1/completions) (I(prompt_format=token_ids)), or text the server tokenizes into exactly
+    I(input_len) tokens (I(prompt_format=text)), drawn afresh per level and per run so prefix
+    caching cannot flatter a level. Output length is forced with C(max_tokens = min_tokens = output_len) and
     C(ignore_eos); every request's C(usage.completion_tokens) is checked. Token counts come from
     the server's usage (C(stream_options.include_usage)), never from chunks or re-tokenizing.
   - "Window: opens at the completion of the last warm-up request (w0), closes at the
@@ -34,6 +35,9 @@ description:
     and no request failed."
   - "Output-length check: a level where more than 1% of successful requests did not return
     exactly I(output_len) tokens is marked (C(output_length.marked))."
+  - "Prompt-length check: C(input_length) counts the successful requests whose
+    C(usage.prompt_tokens) is not I(input_len) (C(mismatched), marked when there is one) and
+    the level's prompt-token total (C(prompt_tokens_total)), with either prompt format."
   - "Server cross-check: the deltas of C(vllm:generation_tokens_total) and
     C(vllm:prompt_tokens_total) (summed over label sets) from I(metrics_url) across the whole
     level (warm-up to drain) against the client's usage totals over the same requests."
@@ -118,6 +122,23 @@ options:
     type: str
     choices: [completions, chat]
     default: completions
+  prompt_format:
+    description:
+      - How a C(/v1/completions) prompt is sent (I(endpoint=completions) only).
+      - C(token_ids) (the default) sends a list of I(input_len) random token ids; the server
+        does not tokenize anything.
+      - C(text) sends text, as C(vllm bench serve)'s random dataset does, so every request's
+        time to first token includes the server's tokenization (and its queueing under load).
+        The preflight asks the server's C(/tokenize) which of a built-in list of common words
+        are one token after a space, and how many special tokens (BOS) a prompt gets; each
+        prompt is that many random such words (seeded, fresh per level and per run) that
+        tokenize to exactly I(input_len) tokens, special tokens counted. The preflight
+        tokenizes 8 random prompts and fails, naming I(prompt_format), when one is not exactly
+        I(input_len) tokens or when the server has no C(/tokenize) (then use C(token_ids)).
+        The vocabulary probe is not needed then (see I(vocab_size)).
+    type: str
+    choices: [token_ids, text]
+    default: token_ids
   request_timeout_s:
     description: Per-request timeout, seconds; a timed-out request counts as failed.
     type: float
@@ -268,7 +289,8 @@ ansible_facts:
             output_tokens_in_window, output_tok_s, total_tok_s, request_s,
             achieved_concurrency, ttft_ms/tpot_ms/itl_ms/e2e_ms (count, mean, p50, p90, p99,
             max), tokens_per_chunk (mean, max), output_length (expected, checked, mismatched,
-            fraction, marked), errors (message -> count), goodput (request_s, output_tok_s,
+            fraction, marked), input_length (expected, prompt_format, checked, mismatched,
+            fraction, marked, prompt_tokens_total, lengths_seen), errors (message -> count), goodput (request_s, output_tok_s,
             fraction; null without SLOs), slo (met, breaks), client (cpu_s_level,
             cpu_s_window, cpu_util_window, cpu_ms_per_1k_output_tokens, loop_lag_ms,
             client_limited, client_limited_reasons), timing (warmup_s, drain_s, level_s,
@@ -281,7 +303,7 @@ ansible_facts:
             single_stream_tok_s (output tok/s at concurrency 1), peak_output_tok_s,
             peak_level, knee (max_throughput_level, max_output_tok_s,
             highest_level_meeting_slo), client_limited_levels, output_length_marked_levels,
-            levels_with_errors.
+            input_length_marked_levels, levels_with_errors.
           type: dict
         stop_reason:
           description: Why the sweep ended.
@@ -296,7 +318,10 @@ ansible_facts:
               limits used.
           type: dict
         server:
-          description: served_models, max_model_len, vocab_size, metrics_available.
+          description: >-
+            served_models, max_model_len, vocab_size, prompt_format, prompt_text (with
+            prompt_format text: special_tokens, words, first_words, leading_space,
+            checked_prompts), metrics_available.
           type: dict
 table:
   description: The per-level results as text lines.
@@ -339,6 +364,7 @@ def main():
             min_requests=dict(type="int"),
             warmup_requests=dict(type="int"),
             endpoint=dict(type="str", default="completions", choices=["completions", "chat"]),
+            prompt_format=dict(type="str", default="token_ids", choices=["token_ids", "text"]),
             request_timeout_s=dict(type="float", default=600),
             slo_ttft_ms=dict(type="float"),
             slo_tpot_ms=dict(type="float"),

@@ -20,6 +20,9 @@ SECRET_ENV = r"(?i)(^|_)(TOKEN|API_KEY|APIKEY|SECRET|PASSWORD|PASSWD|ACCESS_KEY|
 # The sweep settings that change what is measured.
 SWEEP_KEYS = ("levels", "input_len", "output_len", "duration_s", "slo_ttft_ms", "slo_tpot_ms",
               "saturation_threshold", "stop_on_saturation", "chunk_usage")
+# Sweep settings added later, hashed only when they differ from their default (the
+# fingerprints of results measured with the default stay what they were).
+OPTIONAL_SWEEP_KEYS = {"prompt_format": "token_ids"}
 
 
 class BenchmarkError(ValueError):
@@ -62,6 +65,9 @@ def instance_config(target, sweep, context=None, pattern=None):
         "profile_config": target.get("profile_config") or {},
         "sweep": dict((k, sweep[k]) for k in SWEEP_KEYS),
     }
+    for key, default in OPTIONAL_SWEEP_KEYS.items():
+        if (sweep or {}).get(key) not in (None, default):
+            config["sweep"][key] = sweep[key]
     if not config["argv"]:  # an endpoint vllm_service does not describe: its URL is all we know
         config["url"] = str(target.get("url") or "")
     config.update(dict((str(k), v) for k, v in sorted((context or {}).items())))

@@ -30,6 +30,23 @@ previous run sent in all (``requests_total``): the like-for-like comparison.
 with vllm bench's whole-run figures instead (what the sweep headline reports; not the same
 definition, so ramp-up and drain show up as a difference). The report says which.
 
+Prompts (--prompt-format, default text): `vllm bench serve`'s random dataset sends text of
+input_len tokens (special tokens counted), which the server tokenizes inside every request's
+time to first token; our client sends the same kind with ``prompt_format: text``, or token-id
+lists with ``token_ids`` (the server tokenizes nothing), or both (``both``: at every level the
+pairs of each format in turn, text first; each format is a section of the report). Per run the
+report shows the prompt tokens each tool sent: the server's ``vllm:prompt_tokens_total`` delta
+per request (delta x output_len / output-token delta, exact whatever extra requests the tool
+sent), vllm bench's ``total_input_tokens``, and our requests whose usage.prompt_tokens was not
+input_len.
+
+Load shape (unless --no-load-shape): per run, from every request's send time, TTFT and end
+(vllm bench: --save-detailed, its start_times, ttfts and latencies; ours: the module's request
+log), the share of requests sent within 20 ms of at least C/2 others ("wave": lock-step waves
+of equal-length requests score near 1, drifting closed loops near 0), the mean number in
+flight over the run, and TTFT p50/p90. Both tools then write that per-request detail inside
+their measured CPU.
+
 Reported per level: each tool's median over reps of output tok/s, TTFT p50 and TPOT p50;
 ratio of the medians (ours / vllm); each tool's spread (max / min over its reps); the paired
 ratio (median over reps of ours_i / vllm_i, adjacent runs, so server drift cancels); token
@@ -72,6 +89,8 @@ CPU_RATIO_MAX = 0.5     # our client CPU per token at most half of vllm bench's
 METRICS = ("output_tok_s", "ttft_p50_ms", "tpot_p50_ms", "cpu_ms_per_1k", "cpu_ms_per_1k_net")
 BUDGET_RESERVE_S = 20.0  # kept back for stopping workers/server and printing
 DEFINITIONS = ("whole_run", "steady_state")
+PROMPT_FORMAT_CHOICES = ("text", "token_ids", "both")
+WAVE_WINDOW_S = 0.02
 DEFINITION_TEXT = {
     "whole_run": "whole_run: both tools' figures over all requests, first send to last "
                  "completion (vllm bench serve's definition)",
@@ -145,6 +164,7 @@ def ours_record(result, cpu_s, wall_s, before=None, after=None, definition="stea
     cl = lv.get("client") or {}
     srv = server_delta(before, after)
     client_tokens = sc.get("client_output_tokens")
+    inlen = lv.get("input_length") or {}
     run = lv.get("whole_run") or {}
     window = {"output_tok_s": lv.get("output_tok_s"),
               "ttft_p50_ms": (lv.get("ttft_ms") or {}).get("p50"),
@@ -177,6 +197,10 @@ def ours_record(result, cpu_s, wall_s, before=None, after=None, definition="stea
         "request_s": lv.get("request_s"), "window_s": lv.get("window_s"),
         "seed": (result.get("parameters") or {}).get("seed"),
         "event_loop": (result.get("client") or {}).get("event_loop"),
+        "prompt_format": (result.get("server") or {}).get("prompt_format"),
+        "client_prompt_tokens": sc.get("client_prompt_tokens"),
+        "server_prompt_tokens": server_delta(before, after, "prompt_tokens"),
+        "prompt_mismatched": inlen.get("mismatched"),
     }
 
 
@@ -196,7 +220,97 @@ def vllm_record(res, cpu_s, wall_s, before=None, after=None, num_prompts=None):
         "cpu_ms_per_1k": cpu_ms_per_1k(cpu_s, srv if srv else client_tokens),
         "num_prompts": num_prompts, "completed": res.get("completed"),
         "duration_s": res.get("duration"),
+        "prompt_format": "text",
+        "client_prompt_tokens": res.get("total_input_tokens"),
+        "server_prompt_tokens": server_delta(before, after, "prompt_tokens"),
     }
+
+
+def prompt_formats(choice):
+    """The formats run for --prompt-format (both: text, then token_ids)."""
+    return ["text", "token_ids"] if choice == "both" else [choice]
+
+
+def load_shape(starts, ends, ttfts, concurrency, window_s=WAVE_WINDOW_S):
+    """How a run offered its load, from its requests' send times, end times and TTFTs (s).
+
+    wave: share of requests sent within ``window_s`` of at least C/2 other requests' sends;
+    in_flight_mean: sum of the requests' durations / (last end - first send); ttft p50/p90
+    (ms, numpy's linear percentiles) over the requests that have one; starts_span_s.
+    """
+    n = len(starts)
+    if not n:
+        return {"requests": 0, "wave": None, "in_flight_mean": None, "ttft_p50_ms": None,
+                "ttft_p90_ms": None, "span_s": None}
+    xs = sorted(starts)
+    need = concurrency / 2.0
+    lo = hi = 0
+    waved = 0
+    for i, t in enumerate(xs):
+        while xs[lo] < t - window_s:
+            lo += 1
+        while hi + 1 < n and xs[hi + 1] <= t + window_s:
+            hi += 1
+        if hi - lo >= need:  # others within the window: (hi - lo + 1) - 1
+            waved += 1
+    pairs = [(a, b) for a, b in zip(starts, ends) if a is not None and b is not None]
+    span = (max(b for _a, b in pairs) - min(a for a, _b in pairs)) if pairs else None
+    busy = sum(b - a for a, b in pairs)
+    tt = sorted(t * 1000.0 for t in ttfts if t is not None and t > 0)
+
+    def pct(p):
+        if not tt:
+            return None
+        h = (len(tt) - 1) * p / 100.0
+        f = int(h)
+        return tt[f] + (tt[min(f + 1, len(tt) - 1)] - tt[f]) * (h - f)
+    return {"requests": n, "wave": round(waved / float(n), 4),
+            "in_flight_mean": round(busy / span, 3) if span else None,
+            "ttft_p50_ms": None if pct(50) is None else round(pct(50), 3),
+            "ttft_p90_ms": None if pct(90) is None else round(pct(90), 3),
+            "span_s": None if span is None else round(span, 3)}
+
+
+def load_shape_of_log(path, concurrency):
+    """load_shape of one run of ours from the module's request log (JSON lines)."""
+    starts, ends, ttfts = [], [], []
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            starts.append(r["start_s"])
+            ends.append(r["end_s"])
+            ttfts.append(None if r.get("ttft_ms") is None or r.get("error")
+                         else r["ttft_ms"] / 1000.0)
+    return load_shape(starts, ends, ttfts, concurrency)
+
+
+def load_shape_of_vllm(res, concurrency):
+    """load_shape of one run of vllm bench from its --save-detailed result (start_times,
+    ttfts, latencies; an older result without latencies: TTFT + the ITLs)."""
+    starts = res.get("start_times") or []
+    ttfts = res.get("ttfts") or []
+    lat = res.get("latencies")
+    itls = res.get("itls") or []
+    errors = res.get("errors") or []
+    if not starts or len(ttfts) != len(starts):
+        return None
+    ends, tt = [], []
+    for i, st in enumerate(starts):
+        failed = i < len(errors) and errors[i]
+        if lat and i < len(lat) and lat[i]:
+            ends.append(st + lat[i])
+        else:
+            ends.append(st + (ttfts[i] or 0.0) + sum(itls[i] if i < len(itls) else []))
+        tt.append(None if failed else ttfts[i])
+    return load_shape(starts, ends, tt, concurrency)
+
+
+def prompt_per_request(prompt_delta, output_delta, output_len):
+    """Prompt tokens per request from the server's counter deltas: every request generates
+    exactly output_len tokens, so requests = output delta / output_len."""
+    if prompt_delta is None or not output_delta or not output_len:
+        return None
+    return prompt_delta * float(output_len) / output_delta
 
 
 def aggregate_level(runs):
@@ -338,7 +452,7 @@ def _ours_handler(collections_path):
     info = {"aiohttp": getattr(sc.aiohttp, "__version__", None)}
 
     def handler(job):
-        return run_sweep(job["params"])
+        return run_sweep(job["params"], request_log_path=job.get("request_log_path"))
     return handler, info
 
 
@@ -566,12 +680,16 @@ def ours_params(args, base, concurrency, vocab_size, seed, **over):
         p["chunk_usage"] = True
     if getattr(args, "event_loop", None):
         p["event_loop"] = args.event_loop
+    p["prompt_format"] = getattr(args, "prompt_format", None) or "token_ids"
+    if p["prompt_format"] == "both":
+        p["prompt_format"] = "text"
     p.update(over)
     return p
 
 
 def vllm_argv(args, base, concurrency, num_prompts, seed, result_dir, result_filename):
-    return ["--backend", "vllm", "--base-url", base, "--endpoint", "/v1/completions",
+    detail = ["--save-detailed"] if getattr(args, "load_shape", False) else []
+    return detail + ["--backend", "vllm", "--base-url", base, "--endpoint", "/v1/completions",
             "--model", args.model, "--tokenizer", args.model_dir,
             "--dataset-name", "random", "--random-input-len", str(args.input_len),
             "--random-output-len", str(args.output_len), "--ignore-eos",
@@ -617,16 +735,23 @@ class Bench(object):
             print("%s worker ready: start-up (interpreter + imports) %.2f CPU-s, %.1f s wall"
                   % (name, ready["startup_cpu_s"], ready["startup_wall_s"]), flush=True)
 
-    def run_tool(self, tool, c, rep, prev_ours):
-        """One run of one tool; returns its record (with "rep" and "concurrency")."""
+    def run_tool(self, tool, c, rep, prev_ours, fmt=None):
+        """One run of one tool; returns its record (with "rep", "concurrency" and, for ours,
+        the prompt format ``fmt``)."""
+        fmt = fmt or prompt_formats(self.args.prompt_format)[0]
         seed = self.rng.randrange(1, 2 ** 31)
         before = scrape(self.metrics_url)
+        log_path = None
         if tool == "ours":
-            job = {"params": ours_params(self.args, self.base, c, self.vocab_size, seed)}
+            job = {"params": ours_params(self.args, self.base, c, self.vocab_size, seed,
+                                         prompt_format=fmt)}
+            if self.args.load_shape:
+                log_path = os.path.join(self.work, "ours-c%d-r%d-%s.jsonl" % (c, rep, fmt))
+                job["request_log_path"] = log_path
             n = None
         else:
             n = choose_num_prompts(c, prev_ours, self.args.duration_s, self.args.definition)
-            fname = "vllm-c%d-r%d.json" % (c, rep)
+            fname = "vllm-c%d-r%d-%s.json" % (c, rep, fmt)
             job = {"argv": vllm_argv(self.args, self.base, c, n, seed, self.work, fname)}
         msg = self.workers[tool].call(job, self.job_timeout())
         after = scrape(self.metrics_url)
@@ -637,6 +762,8 @@ class Bench(object):
         elif tool == "ours":
             rec = ours_record(msg["result"], msg["cpu_s"], msg["wall_s"], before, after,
                               self.args.definition)
+            if log_path and os.path.exists(log_path):
+                rec["load_shape"] = load_shape_of_log(log_path, c)
         else:
             path = os.path.join(self.work, fname)
             if os.path.exists(path):
@@ -646,10 +773,15 @@ class Bench(object):
                 res = msg.get("result") or {}
             rec = vllm_record(res, msg["cpu_s"], msg["wall_s"], before, after, n)
             rec["seed"] = seed
-        rec.update(rep=rep, concurrency=c)
+            if self.args.load_shape:
+                rec["load_shape"] = load_shape_of_vllm(res, c)
+        rec.update(rep=rep, concurrency=c, format=fmt)
+        rec["prompt_per_request"] = prompt_per_request(
+            server_delta(before, after, "prompt_tokens"), rec.get("server_tokens"),
+            self.args.output_len)
         if rec.get("ok"):
             rec["cpu_ms_per_1k_net"] = cpu_ms_per_1k(
-                rec["cpu_s"] - self.fixed_cpu.get(tool, 0.0),
+                rec["cpu_s"] - self.fixed_cpu.get((tool, fmt), self.fixed_cpu.get(tool, 0.0)),
                 rec.get("server_tokens") or rec.get("client_tokens"))
         return rec
 
@@ -662,26 +794,38 @@ class Bench(object):
         request; vllm bench: tokenizer load, dataset, prompt alignment, one request); the
         "net" CPU columns subtract it.
         """
-        def ours():
-            return {"params": ours_params(self.args, self.base, 1, self.vocab_size, 1,
-                                          duration_s=0.001, min_requests=1, warmup_requests=0)}
+        formats = prompt_formats(self.args.prompt_format)
+        # token_ids first: its preflight learns the vocabulary (without --vocab-size) for the
+        # token_ids runs; text runs do not need it
+        order = sorted(formats, key=lambda f: f != "token_ids")
 
-        def vllm():
+        def ours(fmt):
+            return {"params": ours_params(self.args, self.base, 1, self.vocab_size, 1,
+                                          duration_s=0.001, min_requests=1, warmup_requests=0,
+                                          prompt_format=fmt)}
+
+        def vllm(_fmt):
             return {"argv": vllm_argv(self.args, self.base, 1, 1, 1, self.work,
                                       "vllm-warmup.json")}
         jobs = {"ours": ours, "vllm": vllm}
         for name in TOOLS:
             w = self.report["workers"][name]
-            for phase in ("warmup", "fixed"):
-                before = scrape(self.metrics_url)
-                msg = self.workers[name].call(jobs[name](), self.job_timeout())
-                after = scrape(self.metrics_url)
-                if not msg.get("ok"):
-                    raise WorkerError("%s %s job failed: %s" % (name, phase, msg.get("error")))
-                if name == "ours" and not self.vocab_size:
-                    self.vocab_size = (msg["result"].get("server") or {}).get("vocab_size")
-                w[phase] = {"cpu_s": msg["cpu_s"], "wall_s": msg["wall_s"],
-                            "server_tokens": server_delta(before, after)}
+            for fmt in (order if name == "ours" else order[:1]):
+                for phase in ("warmup", "fixed"):
+                    before = scrape(self.metrics_url)
+                    msg = self.workers[name].call(jobs[name](fmt), self.job_timeout())
+                    after = scrape(self.metrics_url)
+                    if not msg.get("ok"):
+                        raise WorkerError("%s %s job failed: %s" % (name, phase,
+                                                                    msg.get("error")))
+                    if name == "ours" and not self.vocab_size:
+                        self.vocab_size = (msg["result"].get("server") or {}).get("vocab_size")
+                    key = phase if name == "vllm" or fmt == order[0] else "%s_%s" % (phase, fmt)
+                    w[key] = {"cpu_s": msg["cpu_s"], "wall_s": msg["wall_s"],
+                              "server_tokens": server_delta(before, after)}
+                    if name == "ours":
+                        w[key]["prompt_format"] = fmt
+                self.fixed_cpu[(name, fmt)] = msg["cpu_s"]
             self.fixed_cpu[name] = w["fixed"]["cpu_s"]
         self.report["vocab_size"] = self.vocab_size
         print("warm-up job: ours %.3f, vllm %.3f CPU-s; fixed cost per run (same job again): "
@@ -694,29 +838,30 @@ class Bench(object):
         args = self.args
         last_pair = None
         for c in args.levels:
-            level = {"concurrency": c, "runs": [], "pair_walls": []}
-            prev_ours = None
-            for rep, order in enumerate(job_order(args.reps), 1):
-                est = estimate_pair_s(level["pair_walls"], last_pair, args.duration_s)
-                if not pair_fits(self.remaining(), est):
-                    self.report["stopped"] = (
-                        "time budget: %.0f s left, next pair needs about %.0f s (+%.0f s "
-                        "reserve); stopped before C=%d rep %d"
-                        % (self.remaining(), est, BUDGET_RESERVE_S, c, rep))
-                    if level["runs"]:
+            for fmt in prompt_formats(args.prompt_format):
+                level = {"concurrency": c, "prompt_format": fmt, "runs": [], "pair_walls": []}
+                prev_ours = None
+                for rep, order in enumerate(job_order(args.reps), 1):
+                    est = estimate_pair_s(level["pair_walls"], last_pair, args.duration_s)
+                    if not pair_fits(self.remaining(), est):
+                        self.report["stopped"] = (
+                            "time budget: %.0f s left, next pair needs about %.0f s (+%.0f s "
+                            "reserve); stopped before C=%d %s rep %d"
+                            % (self.remaining(), est, BUDGET_RESERVE_S, c, fmt, rep))
+                        if level["runs"]:
+                            self.report["levels"].append(level)
+                        return
+                    if rep == 1:
                         self.report["levels"].append(level)
-                    return
-                if rep == 1:
-                    self.report["levels"].append(level)
-                t0 = time.time()
-                for tool in order:
-                    rec = self.run_tool(tool, c, rep, prev_ours)
-                    level["runs"].append(rec)
-                    if tool == "ours" and rec.get("ok"):
-                        prev_ours = rec
-                    print(progress_line(rec), flush=True)
-                last_pair = time.time() - t0
-                level["pair_walls"].append(last_pair)
+                    t0 = time.time()
+                    for tool in order:
+                        rec = self.run_tool(tool, c, rep, prev_ours, fmt)
+                        level["runs"].append(rec)
+                        if tool == "ours" and rec.get("ok"):
+                            prev_ours = rec
+                        print(progress_line(rec), flush=True)
+                    last_pair = time.time() - t0
+                    level["pair_walls"].append(last_pair)
 
     def close(self):
         for name, w in self.workers.items():
@@ -730,9 +875,10 @@ def progress_line(r):
             r["concurrency"], r["rep"], r["tool"], r.get("error"), r.get("wall_s") or 0)
     extra = (" n=%s" % r.get("num_prompts")) if r["tool"] == "vllm" else (
         " window %s req" % r.get("requests_in_window"))
-    return ("C=%d rep %d %-4s %9.1f tok/s  TTFT p50 %8.2f ms  TPOT p50 %7.3f ms  tokens %s/%s "
+    return ("C=%d %s rep %d %-4s %9.1f tok/s  TTFT p50 %8.2f ms  TPOT p50 %7.3f ms  tokens %s/%s "
             "srv  CPU %.2f s (%s ms/1k)  %.1f s%s%s" % (
-                r["concurrency"], r["rep"], r["tool"], r["output_tok_s"] or 0,
+                r["concurrency"], r.get("format") or "", r["rep"], r["tool"],
+                r["output_tok_s"] or 0,
                 r["ttft_p50_ms"] or 0, r["tpot_p50_ms"] or 0, r.get("client_tokens"),
                 r.get("server_tokens"), r["cpu_s"], fmt(r.get("cpu_ms_per_1k"), "%.1f"),
                 r["wall_s"], extra, " client-limited" if r.get("client_limited") else ""))
@@ -744,6 +890,47 @@ def fmt(x, spec="%.3f"):
 
 def _verdict_word(p):
     return "n/a " if p is None else ("PASS" if p else "FAIL")
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.fmean(xs) if xs else None
+
+
+def prompt_and_shape_lines(levels):
+    """Per level and tool: prompt tokens per request (server delta; each tool's own count) and
+    the load shape of each run (wave share, mean in flight, TTFT p50/p90 over all requests)."""
+    out = ["", "prompt tokens per request (server vllm:prompt_tokens_total delta x output_len / "
+               "output delta; mean over runs) and the tools' own totals; ours: requests whose "
+               "usage.prompt_tokens != input_len (sum over runs)",
+           "%5s | %10s %10s | %14s %14s | %8s" % ("C", "srv/req us", "srv/req vl",
+                                                   "own total us", "own total vl", "miss us")]
+    for level in levels:
+        runs = level["runs"]
+        by = dict((t, [r for r in runs if r["tool"] == t and r.get("ok")]) for t in TOOLS)
+        own = dict((t, sum(r.get("client_prompt_tokens") or 0 for r in by[t])) for t in TOOLS)
+        miss = [r.get("prompt_mismatched") for r in by["ours"]]
+        out.append("%5d | %10s %10s | %14d %14d | %8s" % (
+            level["concurrency"],
+            fmt(_mean([r.get("prompt_per_request") for r in by["ours"]]), "%.2f"),
+            fmt(_mean([r.get("prompt_per_request") for r in by["vllm"]]), "%.2f"),
+            own["ours"], own["vllm"],
+            "-" if all(m is None for m in miss) else str(sum(m or 0 for m in miss))))
+    shapes = [(level, r) for level in levels for r in level["runs"] if r.get("load_shape")]
+    if shapes:
+        out.append("")
+        out.append("load shape per run: wave = share of requests sent within %d ms of at least "
+                   "C/2 others; in flight = mean requests in flight, first send to last end; "
+                   "TTFT over all requests (ms)" % int(WAVE_WINDOW_S * 1000))
+        out.append("%5s %4s %-4s | %6s %6s %9s | %9s %9s" % (
+            "C", "rep", "tool", "n", "wave", "in flight", "TTFT p50", "TTFT p90"))
+        for level, r in shapes:
+            sh = r["load_shape"]
+            out.append("%5d %4d %-4s | %6d %6s %9s | %9s %9s" % (
+                level["concurrency"], r["rep"], r["tool"], sh["requests"],
+                fmt(sh["wave"]), fmt(sh["in_flight_mean"], "%.1f"),
+                fmt(sh["ttft_p50_ms"], "%.2f"), fmt(sh["ttft_p90_ms"], "%.2f")))
+    return out
 
 
 def format_report(report, tolerance=TOLERANCE, cpu_ratio_max=CPU_RATIO_MAX):
@@ -761,49 +948,60 @@ def format_report(report, tolerance=TOLERANCE, cpu_ratio_max=CPU_RATIO_MAX):
                      args["input_len"], args["output_len"], args["duration_s"], args["reps"]))
     lines.append("values are medians over reps; paired = median of per-rep ratios (adjacent "
                  "runs); spr = max/min of a tool's reps")
-    lines.append("%5s %5s | %9s %9s %6s %6s %6s %6s | %8s %8s %6s %6s %6s %6s" % (
-        "C", "pairs", "tok/s us", "tok/s vl", "ratio", "paired", "spr us", "spr vl",
-        "TTFT us", "TTFT vl", "ratio", "paired", "spr us", "spr vl"))
+    formats = []
     for level in report["levels"]:
-        a = level["aggregate"]
-        m, t = "output_tok_s", "ttft_p50_ms"
-        lines.append("%5d %5d | %9s %9s %6s %6s %6s %6s | %8s %8s %6s %6s %6s %6s" % (
-            level["concurrency"], a["pairs"],
-            fmt(a["ours"][m]["median"], "%.1f"), fmt(a["vllm"][m]["median"], "%.1f"),
-            fmt(a["ratio"][m]), fmt(a["paired_ratio"][m]),
-            fmt(a["ours"][m]["spread"]), fmt(a["vllm"][m]["spread"]),
-            fmt(a["ours"][t]["median"], "%.2f"), fmt(a["vllm"][t]["median"], "%.2f"),
-            fmt(a["ratio"][t]), fmt(a["paired_ratio"][t]),
-            fmt(a["ours"][t]["spread"]), fmt(a["vllm"][t]["spread"])))
-    lines.append("")
-    lines.append("TPOT p50 ms; output tokens client/server delta (sum over all runs); client "
-                 "CPU ms per 1,000 output tokens")
-    lines.append("(worker CPU over the run / server delta; net: minus the tool's fixed cost "
-                 "per run, measured once in the warm worker)")
-    lines.append("%5s | %7s %7s %6s %6s | %15s %15s | %8s %8s %6s | %7s %7s %6s %s" % (
-        "C", "TPOT us", "TPOT vl", "ratio", "paired", "tokens us/srv", "tokens vl/srv",
-        "cpu us", "cpu vl", "ratio", "net us", "net vl", "ratio", "flags"))
-    for level in report["levels"]:
-        a = level["aggregate"]
-        m, k, n = "tpot_p50_ms", "cpu_ms_per_1k", "cpu_ms_per_1k_net"
-        flags = []
-        for tool in TOOLS:
-            if a["tokens"][tool]["match"] is False:
-                flags.append("%s tokens != server %s" % (tool, a["tokens"][tool]["diffs"]))
-        if a["client_limited"]:
-            flags.append("client-limited in rep %s" % ",".join(
-                str(x["rep"]) for x in a["client_limited"]))
-        if a["failed_runs"]:
-            flags.append("%d failed runs" % a["failed_runs"])
-        tok = dict((tool, "%d/%s" % (a["tokens"][tool]["client"],
-                                     fmt(a["tokens"][tool]["server"], "%d")))
-                   for tool in TOOLS)
-        lines.append("%5d | %7s %7s %6s %6s | %15s %15s | %8s %8s %6s | %7s %7s %6s %s" % (
-            level["concurrency"], fmt(a["ours"][m]["median"]), fmt(a["vllm"][m]["median"]),
-            fmt(a["ratio"][m]), fmt(a["paired_ratio"][m]), tok["ours"], tok["vllm"],
-            fmt(a["ours"][k]["median"], "%.1f"), fmt(a["vllm"][k]["median"], "%.1f"),
-            fmt(a["ratio"][k]), fmt(a["ours"][n]["median"], "%.1f"),
-            fmt(a["vllm"][n]["median"], "%.1f"), fmt(a["ratio"][n]), "; ".join(flags)))
+        if level.get("prompt_format") not in formats:
+            formats.append(level.get("prompt_format"))
+    for pf in formats:
+        section = [lv for lv in report["levels"] if lv.get("prompt_format") == pf]
+        lines.append("")
+        lines.append("== our prompts: %s; vllm bench serve: text (random dataset) ==" % (
+            pf or "token_ids"))
+        lines.append("%5s %5s | %9s %9s %6s %6s %6s %6s | %8s %8s %6s %6s %6s %6s" % (
+            "C", "pairs", "tok/s us", "tok/s vl", "ratio", "paired", "spr us", "spr vl",
+            "TTFT us", "TTFT vl", "ratio", "paired", "spr us", "spr vl"))
+        for level in section:
+            a = level["aggregate"]
+            m, t = "output_tok_s", "ttft_p50_ms"
+            lines.append("%5d %5d | %9s %9s %6s %6s %6s %6s | %8s %8s %6s %6s %6s %6s" % (
+                level["concurrency"], a["pairs"],
+                fmt(a["ours"][m]["median"], "%.1f"), fmt(a["vllm"][m]["median"], "%.1f"),
+                fmt(a["ratio"][m]), fmt(a["paired_ratio"][m]),
+                fmt(a["ours"][m]["spread"]), fmt(a["vllm"][m]["spread"]),
+                fmt(a["ours"][t]["median"], "%.2f"), fmt(a["vllm"][t]["median"], "%.2f"),
+                fmt(a["ratio"][t]), fmt(a["paired_ratio"][t]),
+                fmt(a["ours"][t]["spread"]), fmt(a["vllm"][t]["spread"])))
+        lines.append("")
+        lines.append("TPOT p50 ms; output tokens client/server delta (sum over all runs); client "
+                     "CPU ms per 1,000 output tokens")
+        lines.append("(worker CPU over the run / server delta; net: minus the tool's fixed cost "
+                     "per run, measured once in the warm worker)")
+        lines.append("%5s | %7s %7s %6s %6s | %15s %15s | %8s %8s %6s | %7s %7s %6s %s" % (
+            "C", "TPOT us", "TPOT vl", "ratio", "paired", "tokens us/srv", "tokens vl/srv",
+            "cpu us", "cpu vl", "ratio", "net us", "net vl", "ratio", "flags"))
+        for level in section:
+            a = level["aggregate"]
+            m, k, n = "tpot_p50_ms", "cpu_ms_per_1k", "cpu_ms_per_1k_net"
+            flags = []
+            for tool in TOOLS:
+                if a["tokens"][tool]["match"] is False:
+                    flags.append("%s tokens != server %s" % (tool, a["tokens"][tool]["diffs"]))
+            if a["client_limited"]:
+                flags.append("client-limited in rep %s" % ",".join(
+                    str(x["rep"]) for x in a["client_limited"]))
+            if a["failed_runs"]:
+                flags.append("%d failed runs" % a["failed_runs"])
+            tok = dict((tool, "%d/%s" % (a["tokens"][tool]["client"],
+                                         fmt(a["tokens"][tool]["server"], "%d")))
+                       for tool in TOOLS)
+            lines.append("%5d | %7s %7s %6s %6s | %15s %15s | %8s %8s %6s | %7s %7s %6s %s" % (
+                level["concurrency"], fmt(a["ours"][m]["median"]), fmt(a["vllm"][m]["median"]),
+                fmt(a["ratio"][m]), fmt(a["paired_ratio"][m]), tok["ours"], tok["vllm"],
+                fmt(a["ours"][k]["median"], "%.1f"), fmt(a["vllm"][k]["median"], "%.1f"),
+                fmt(a["ratio"][k]), fmt(a["ours"][n]["median"], "%.1f"),
+                fmt(a["vllm"][n]["median"], "%.1f"), fmt(a["ratio"][n]), "; ".join(flags)))
+        lines.extend(prompt_and_shape_lines(section))
+        lines.append("")
     ws = report.get("workers") or {}
     if ws:
         lines.append("")
@@ -816,6 +1014,12 @@ def format_report(report, tolerance=TOLERANCE, cpu_ratio_max=CPU_RATIO_MAX):
                              "cost per run %s CPU-s" % (
                                  name, rd.get("startup_cpu_s", 0), rd.get("startup_wall_s", 0),
                                  fmt(wu.get("cpu_s"), "%.3f"), fmt(fx.get("cpu_s"), "%.3f")))
+            fixed = [(v.get("prompt_format"), v) for k, v in sorted(w.items())
+                     if k == "fixed" or k.startswith("fixed_")]
+            if len(fixed) > 1:  # ours with both prompt formats: the preflight differs
+                lines.append("%s worker: fixed cost per run by prompt format: %s" % (
+                    name, ", ".join("%s %.3f CPU-s %.2f s wall" % (pf, v["cpu_s"], v["wall_s"])
+                                    for pf, v in fixed)))
     loops = sorted(set(r.get("event_loop") for level in report["levels"]
                        for r in level.get("runs", []) if r.get("tool") == "ours"
                        and r.get("event_loop")))
@@ -824,16 +1028,17 @@ def format_report(report, tolerance=TOLERANCE, cpu_ratio_max=CPU_RATIO_MAX):
     lines.append("")
     for level in report["levels"]:
         v, c = level["verdicts"], level["concurrency"]
+        c = "%d%s" % (c, "" if len(formats) < 2 else " " + str(level.get("prompt_format")))
         for key, label in (("tok_s", "output tok/s"), ("ttft_p50", "TTFT p50")):
             d = v[key]
-            lines.append("C=%-4d %-13s within %g %%: %s  paired %s (ratio of medians %s)%s" % (
+            lines.append("C=%-4s %-13s within %g %%: %s  paired %s (ratio of medians %s)%s" % (
                 c, label, tolerance * 100, _verdict_word(d["pass"]), fmt(d["paired_ratio"]),
                 fmt(d["ratio_of_medians"]),
                 ("  [noisy: spread ours %s, vllm %s]"
                  % (fmt(d["spread_ours"]), fmt(d["spread_vllm"]))) if d["noisy"] else ""))
         d = v["cpu"]
         a = level["aggregate"]
-        lines.append("C=%-4d %-13s <= %g x vllm: %s  %s (ours %s vs vllm %s ms/1k; net of fixed "
+        lines.append("C=%-4s %-13s <= %g x vllm: %s  %s (ours %s vs vllm %s ms/1k; net of fixed "
                      "per-run cost %s)" % (
                          c, "client CPU", cpu_ratio_max, _verdict_word(d["pass"]),
                          fmt(d["ratio_of_medians"]),
@@ -841,7 +1046,7 @@ def format_report(report, tolerance=TOLERANCE, cpu_ratio_max=CPU_RATIO_MAX):
                          fmt(a["vllm"]["cpu_ms_per_1k"]["median"], "%.1f"),
                          fmt(a["ratio"]["cpu_ms_per_1k_net"])))
         for x in a["client_limited"]:
-            lines.append("C=%-4d ours client-limited in rep %d: %s" % (
+            lines.append("C=%-4s ours client-limited in rep %d: %s" % (
                 c, x["rep"], "; ".join(x["reasons"]) or "(no reason given)"))
     if report.get("stopped"):
         lines.append("")
@@ -870,6 +1075,13 @@ def parse_args(argv):
     ap.add_argument("--time-budget-s", type=float,
                     help="stop starting new reps/levels when what is left would not fit")
     ap.add_argument("--json-out", help="also write all numbers here")
+    ap.add_argument("--prompt-format", choices=PROMPT_FORMAT_CHOICES, default="text",
+                    help="our client's prompts (prompt_format): text, as vllm bench's random "
+                         "dataset sends them (the default), token_ids, or both (each level's "
+                         "pairs of each format in turn, text first)")
+    ap.add_argument("--no-load-shape", dest="load_shape", action="store_false",
+                    help="no per-request detail (vllm bench --save-detailed, our request "
+                         "log) and no load-shape table")
     ap.add_argument("--definition", choices=DEFINITIONS, default="whole_run",
                     help="which of our figures to compare with vllm bench's (default whole_run, "
                          "its own definition)")

@@ -16,7 +16,9 @@
 #   tests/gpu/host.sh bench TAG LEVELS   our sweep vs `vllm bench serve` side by side against the
 #                                       deployed llama (tests/benchmarks/bench_sweep_vs_vllm.py,
 #                                       the host's own vLLM venv; GPU_HOST_BENCH_DURATION (15 s),
-#                                       GPU_HOST_BENCH_REPS (3), GPU_HOST_BENCH_BUDGET (540 s))
+#                                       GPU_HOST_BENCH_REPS (3), GPU_HOST_BENCH_BUDGET (540 s);
+#                                       GPU_HOST_BENCH_ARGS: more arguments of the benchmark,
+#                                       split on spaces, e.g. "--prompt-format both")
 #   tests/gpu/host.sh tune ARGS...      `vllm-deploy tune -i <the inventory> --host gpuhost ARGS`
 #                                       from the machine (ansible-runner and rich from extras/tune)
 #   tests/gpu/host.sh kill9             kill -9 the unit's main PID: restart, readiness, no orphan
@@ -250,7 +252,7 @@ step_bench() { # step_bench TAG LEVELS: against the deployed llama (deploy TAG l
     --model-dir "$MODELS/llama-0.9b-dummy" --model llama-0.9b-dummy --base-url "http://127.0.0.1:$VLLM_PORT" \
     --levels "$levels" --input-len 128 --output-len 128 --duration-s "${GPU_HOST_BENCH_DURATION:-15}" \
     --vocab-size 2048 --reps "${GPU_HOST_BENCH_REPS:-3}" --time-budget-s "${GPU_HOST_BENCH_BUDGET:-540}" \
-    --json-out "$OUTD/bench-$tag.json" 2>&1 | tee "$OUTD/bench-$tag.txt"
+    --json-out "$OUTD/bench-$tag.json" ${GPU_HOST_BENCH_ARGS:-} 2>&1 | tee "$OUTD/bench-$tag.txt"
   cp /tmp/bench-sweep-*/children.log "$OUTD/bench-children-$tag.log" 2>/dev/null
   return 0
 }

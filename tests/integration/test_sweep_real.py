@@ -127,6 +127,10 @@ def test_sweep_counts_match_server_and_lengths_are_exact(server):
         assert chk["match"] is True
         assert s["requests_failed"] == 0
         assert s["output_length"]["mismatched"] == 0 and s["output_length"]["marked"] is False
+        # token-id prompts: the server counts exactly the ids sent
+        assert s["input_length"]["prompt_format"] == "token_ids"
+        assert s["input_length"]["mismatched"] == 0 and s["input_length"]["checked"] > 0
+        assert s["input_length"]["prompt_tokens_total"] == chk["server_prompt_tokens"]
         assert s["requests_measured"] >= max(2 * s["concurrency"], 8)
         assert s["window_s"] >= 3.0
         assert s["output_tok_s"] > 0 and s["ttft_ms"]["p50"] > 0 and s["tpot_ms"]["p50"] > 0
@@ -155,21 +159,37 @@ def test_sweep_counts_match_server_and_lengths_are_exact(server):
 
 
 def test_chunk_usage_gives_tokens_per_chunk(server):
+    """Also prompt_format text, from two forked client processes: the words the preflight
+    learned from the server's tokenizer reach both, and the server counts every request's text
+    prompt as exactly input_len tokens (BOS included)."""
     log_path = str(server["tmp"] / "chunk-usage.jsonl")
     res, _unused = run_module({
         "base_url": server["base"], "model": "tiny", "api_key": API_KEY, "levels": [2],
         "input_len": 16, "output_len": 12, "duration_s": 2, "chunk_usage": True,
-        "request_log_path": log_path,
+        "request_log_path": log_path, "prompt_format": "text", "processes": 2,
     })
     assert not res.get("failed"), res.get("msg")
-    level = res["ansible_facts"]["vllm_sweep"]["levels"][0]
+    sweep = res["ansible_facts"]["vllm_sweep"]
+    level = sweep["levels"][0]
     assert level["server_check"]["match"] is True
+    assert sweep["server"]["prompt_format"] == "text"
+    info = sweep["server"]["prompt_text"]
+    assert info["special_tokens"] == 1 and info["checked_prompts"] == 8  # the tiny model's <s>
+    assert info["words"] >= 16
+    assert level["client"]["processes"] == 2
+    inlen = level["input_length"]
+    assert inlen["prompt_format"] == "text" and inlen["expected"] == 16
+    assert inlen["mismatched"] == 0 and inlen["checked"] == level["requests_ok"] > 0, inlen
+    assert inlen["prompt_tokens_total"] == level["server_check"]["server_prompt_tokens"] \
+        == 16 * level["requests_total"]
     with open(log_path) as f:
         rows = [json.loads(line) for line in f]
     assert rows
     for r in rows:
+        assert r["prompt_tokens"] == 16, r  # text prompts: exactly input_len, per request
         assert sum(r["chunk_tokens"]) == 12  # running usage per chunk adds up
         assert len(r["chunk_tokens"]) == len(r["chunk_times_s"])
+    assert {r["worker"] for r in rows} == {0, 1}
 
 
 def test_wrong_model_name_lists_served_names(server):
@@ -310,7 +330,8 @@ def role_runs(workspace):
         results.read_bytes() == first_bytes and results.stat().st_mtime_ns == first_mtime,
         len(report_runs(ws)))
     steps["second_config"] = play(ws, {"vllm_benchmark_output_len": 48,
-                                       "vllm_benchmark_levels": [1, 2, 4]})
+                                       "vllm_benchmark_levels": [1, 2, 4],
+                                       "vllm_benchmark_prompt_format": "text"})
     return ws, results, steps
 
 
@@ -393,6 +414,12 @@ def test_compare_two_saved_runs(role_runs):
     runs = report_runs(ws)
     assert len(runs) == 2
     assert yaml_load(results)["vllm_benchmark_results"]["parameters"]["output_len"] == 48
+    # the role passed vllm_benchmark_prompt_format on: text prompts of exactly input_len
+    assert yaml_load(results)["vllm_benchmark_results"]["parameters"]["prompt_format"] == "text"
+    for lv in json.loads((runs[1] / "sweep.json").read_text())["levels"]:
+        assert lv["input_length"]["prompt_format"] == "text"
+        assert lv["input_length"]["mismatched"] == 0, lv["input_length"]
+        assert lv["server_check"]["server_prompt_tokens"] == 32 * lv["requests_total"]
     # the stored correctness result of the first run was the reference: the same server
     corr = yaml_load(results)["vllm_benchmark_results"]["correctness"]
     assert corr["reference"]["source"] == "stored" and corr["passed"] is True, corr["comparison"]

@@ -418,3 +418,106 @@ def test_bench_vocab_forwards_the_environment():
                         {"GPU_CHECK_VOCAB": "2048", "GPU_CHECK_BENCH_TIMEOUT": "900"}) == [
         "--vocab-size=10", "--time-budget-s", "99"]
     assert bv.forwarded([], {"GPU_CHECK_BENCH_TIMEOUT": "300"}) == ["--time-budget-s", "260"]
+
+
+# --- prompt formats, prompt tokens and the load shape (issue 22) ---------------------------
+def test_prompt_format_reaches_our_params_and_vllm_bench_saves_detail():
+    assert bc.prompt_formats("both") == ["text", "token_ids"]
+    assert bc.prompt_formats("token_ids") == ["token_ids"]
+    assert bc.ours_params(_args(prompt_format="text"), "http://h:1", 4, 2048, 9)[
+        "prompt_format"] == "text"
+    assert bc.ours_params(_args(prompt_format="both"), "http://h:1", 4, 2048, 9,
+                          prompt_format="token_ids")["prompt_format"] == "token_ids"
+    assert bc.ours_params(_args(), "http://h:1", 4, 2048, 9)["prompt_format"] == "token_ids"
+    assert "--save-detailed" in bc.vllm_argv(_args(load_shape=True), "http://h:1", 4, 40, 7,
+                                             "/w", "f.json")
+    assert "--save-detailed" not in bc.vllm_argv(_args(load_shape=False), "http://h:1", 4, 40,
+                                                 7, "/w", "f.json")
+    a = bc.parse_args(["--vllm-python", "py", "--model-dir", "d"])
+    assert a.prompt_format == "text" and a.load_shape is True  # vllm bench sends text
+    a = bc.parse_args(["--vllm-python", "py", "--model-dir", "d", "--prompt-format", "both",
+                       "--no-load-shape"])
+    assert a.prompt_format == "both" and a.load_shape is False
+    with pytest.raises(SystemExit):
+        bc.parse_args(["--vllm-python", "py", "--model-dir", "d", "--prompt-format", "ids"])
+
+
+def test_load_shape_tells_lock_step_waves_from_drifting_loops():
+    c = 8
+    # waves: 4 waves of 8 requests sent within 5 ms of each other, each lasting 1 s
+    starts = [w * 1.0 + i * 0.0007 for w in range(4) for i in range(c)]
+    ends = [s + 1.0 for s in starts]
+    waves = bc.load_shape(starts, ends, [0.1] * len(starts), c)
+    assert waves["wave"] == 1.0 and waves["requests"] == 32
+    # in flight: 32 s of requests over 3.0049 s (first send 0, last end 3 + 7 * 0.0007 + 1)
+    assert waves["in_flight_mean"] == round(32 / (4.0 + 7 * 0.0007), 3)
+    # drifting: 8 loops whose sends are 125 ms apart, never 4 others within 20 ms
+    drift = [i * 0.125 for i in range(32)]
+    shape = bc.load_shape(drift, [s + 1.0 for s in drift], [0.05 + 0.001 * i for i in range(32)],
+                          c)
+    assert shape["wave"] == 0.0
+    # TTFT p50/p90: linear interpolation of 50..81 ms: 65.5 and 77.9
+    assert shape["ttft_p50_ms"] == 65.5 and shape["ttft_p90_ms"] == 77.9
+    # exactly C/2 = 4 others within 20 ms counts (5 sends 5 ms apart), 3 others does not
+    assert bc.load_shape([0, 0.005, 0.01, 0.015, 0.02], [1] * 5, [0.1] * 5, 8)["wave"] == 1.0
+    assert bc.load_shape([0, 0.005, 0.01, 0.015], [1] * 4, [0.1] * 4, 8)["wave"] == 0.0
+    empty = bc.load_shape([], [], [], 4)
+    assert empty["requests"] == 0 and empty["wave"] is None
+
+
+def test_load_shape_of_vllm_bench_detail_and_of_our_request_log(tmp_path):
+    res = {"start_times": [10.0, 10.001, 11.0], "ttfts": [0.1, 0.2, 0.0],
+           "latencies": [0.9, 1.0, 0.0], "itls": [[0.4, 0.4], [0.4, 0.4], []],
+           "errors": ["", "", "boom"]}
+    sh = bc.load_shape_of_vllm(res, 2)
+    # failed request's TTFT left out; its end is its send
+    assert sh["requests"] == 3 and sh["ttft_p50_ms"] == 150.0
+    assert sh["wave"] == round(2 / 3.0, 4)  # the first two are within 20 ms of one other
+    assert sh["span_s"] == 1.001  # 10.0 .. 11.001
+    older = dict(res, latencies=None)  # a vllm bench without latencies: TTFT + the ITLs
+    assert bc.load_shape_of_vllm(older, 2)["in_flight_mean"] == sh["in_flight_mean"]
+    assert bc.load_shape_of_vllm({"ttfts": [0.1]}, 2) is None  # not --save-detailed
+    log = tmp_path / "r.jsonl"
+    log.write_text("\n".join(json.dumps(r) for r in [
+        {"start_s": 0.0, "end_s": 1.0, "ttft_ms": 100.0, "error": None},
+        {"start_s": 0.01, "end_s": 1.01, "ttft_ms": 300.0, "error": None},
+        {"start_s": 0.5, "end_s": 0.6, "ttft_ms": None, "error": "HTTP 500"}]) + "\n")
+    sh = bc.load_shape_of_log(str(log), 2)
+    assert sh["requests"] == 3 and sh["ttft_p50_ms"] == 200.0
+    assert sh["in_flight_mean"] == round(2.1 / 1.01, 3)
+
+
+def test_prompt_tokens_per_request_and_their_report_lines():
+    # 3 requests of 32 output tokens plus none else: 96 output, 3 x 33 prompt tokens
+    assert bc.prompt_per_request(99, 96, 32) == 33.0
+    assert bc.prompt_per_request(None, 96, 32) is None
+    assert bc.prompt_per_request(99, 0, 32) is None
+
+    def run(tool, rep, per_req, own, miss=None, shape=None):
+        r = dict(_run(tool, rep, 100.0, 10.0, 2.0, 40.0), prompt_per_request=per_req,
+                 client_prompt_tokens=own, concurrency=4)
+        if tool == "ours":
+            r["prompt_mismatched"] = miss
+        if shape:
+            r["load_shape"] = shape
+        return r
+    shape = {"requests": 40, "wave": 0.95, "in_flight_mean": 3.9, "ttft_p50_ms": 12.5,
+             "ttft_p90_ms": 20.0, "span_s": 4.0}
+    report = {"args": {"input_len": 32, "output_len": 32, "duration_s": 4.0, "reps": 1},
+              "levels": [{"concurrency": 4, "prompt_format": "text",
+                          "runs": [run("ours", 1, 32.0, 1280, 0), run("vllm", 1, 32.0, 1240,
+                                                                      shape=shape)]},
+                         {"concurrency": 4, "prompt_format": "token_ids",
+                          "runs": [run("ours", 1, 32.0, 1280, 2), run("vllm", 1, 32.0, 1240)]}],
+              "workers": {}, "stopped": None}
+    lines = bc.format_report(report)
+    text = "\n".join(lines)
+    assert "== our prompts: text; vllm bench serve: text (random dataset) ==" in text
+    assert "== our prompts: token_ids; vllm bench serve: text (random dataset) ==" in text
+    rows = [ln.split() for ln in lines if ln.strip().startswith("4 |") and "32.00" in ln]
+    assert rows[0] == ["4", "|", "32.00", "32.00", "|", "1280", "1240", "|", "0"]
+    assert rows[1][-1] == "2"
+    assert [ln.split() for ln in lines if ln.strip().startswith("4    1 vllm")] == [
+        ["4", "1", "vllm", "|", "40", "0.950", "3.9", "|", "12.50", "20.00"]]
+    # both formats at one level: the verdicts say which is which
+    assert "C=4 text output tok/s" in text and "C=4 token_ids output tok/s" in text

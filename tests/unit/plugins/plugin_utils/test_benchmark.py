@@ -54,6 +54,10 @@ def test_an_override_or_an_argument_changes_it_the_same_config_does_not():
     # sweep settings and the vLLM version count too
     assert fp(base, dict(SWEEP, output_len=64)) != fp(base)
     assert fp(base, context=dict(CONTEXT, vllm="0.34.0")) != fp(base)
+    # prompt_format: text prompts are another measurement; the default keeps the fingerprint
+    # results measured before the setting existed had
+    assert fp(base, dict(SWEEP, prompt_format="token_ids")) == fp(base)
+    assert fp(base, dict(SWEEP, prompt_format="text")) != fp(base)
 
 
 def test_each_instance_has_its_own_fingerprint():
