@@ -275,7 +275,7 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
                            fails[0].describe() if fails else "rc %s" % runner.rc))
     not_measured = [{"id": d, "reason": "not measured (budget: at most %s candidates)"
                      % budget["candidates"]} for d in dropped] + \
-        [{k: v for k, v in n.items()} for n in search.not_measured]
+        [dict(n) for n in search.not_measured]
     evidence = {"runs": runs, "search_log": search.log, "measured_s": round(search.measured_s, 1),
                 "decision_wall_s": decision_s, "mode": "grid" if grid else "search",
                 "strategy": strategy, "strategy_reason": strategy_reason,

@@ -658,7 +658,8 @@ class Search:
             if v is not None and v["verdict"] == "better" and (
                     knob not in winners or self._best(cand["id"]) > self._best(winners[knob]["id"])):
                 winners[knob] = cand
-        for knob in sorted(winners, key=lambda k: ([LAYOUT_KNOB] + sorted(default["knobs"])).index(k)):
+        knob_order = [LAYOUT_KNOB] + sorted(default["knobs"])
+        for knob in sorted(winners, key=knob_order.index):
             self.log.append("screening: %s=%s beats the default (%s)"
                             % (knob, _dims(winners[knob], default)[0][1],
                                _reason(verdicts[winners[knob]["id"]])))
@@ -718,10 +719,9 @@ class Search:
             if single is None or single not in served:
                 continue
             if not self._qualified(single["id"]):
+                what = "failed" if self.results[single["id"]].get("error") else "correctness gate"
                 return ("not measured (screened out: knob %s's value %s was disqualified on its "
-                        "own: %s)" % (knob, value, "failed" if (self.results[single["id"]]
-                                                                 .get("error")) else
-                                      "correctness gate"))
+                        "own: %s)" % (knob, value, what))
             if knob not in winners or winners[knob] is not single:
                 return ("not measured (screened out: knob %s's value %s did not beat the "
                         "default)" % (knob, value))
@@ -757,8 +757,8 @@ def _reason(v):
     """One line for a decide() verdict (sweep_compare's reason, or the spread's ratio)."""
     if v.get("reason"):
         return v["reason"]
-    return "ratio %s, %s within a spread of %.0f %%" % (v.get("ratio"), v.get("verdict"),
-                                                      100 * (v.get("noise") or 0))
+    return "ratio %s, %s within a spread of %.0f %%" % (
+        v.get("ratio"), v.get("verdict"), 100 * (v.get("noise") or 0))
 
 
 def rank(results, default_noise=0.1):

@@ -369,10 +369,12 @@ def test_screen_nothing_beats_the_default_serves_4_of_8_and_says_why_not_the_res
         "2xtp1 max-num-batched-tokens=512": "not measured (screened out: knob layout's value "
                                             "2xtp1 did not beat the default)",
         COMBO: "not measured (screened out: knob layout's value 2xtp1 did not beat the default)",
-        "2xtp1 max-num-batched-tokens=512 max-num-seqs=2": "not measured (screened out: knob "
-            "layout's value 2xtp1 did not beat the default)",
-        "tp1 max-num-batched-tokens=512 max-num-seqs=2": "not measured (screened out: knob "
-            "max-num-batched-tokens's value 512 did not beat the default)"}
+        "2xtp1 max-num-batched-tokens=512 max-num-seqs=2": ("not measured (screened out: knob "
+                                                            "layout's value 2xtp1 did not beat "
+                                                            "the default)"),
+        "tp1 max-num-batched-tokens=512 max-num-seqs=2": ("not measured (screened out: knob "
+                                                          "max-num-batched-tokens's value 512 "
+                                                          "did not beat the default)")}
     table, decision = t.rank(results)
     # tp1 and 2xtp1 went on at 4 s; the default is not beaten
     assert decision["winner"] == "tp1"
