@@ -126,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--min-match", type=float, default=0.9, help="token match rate to pass")
     t.add_argument("--apply", action="store_true", help="serve the winner and write it back")
     t.add_argument("--grid", action="store_true", help="measure the full grid (baseline)")
+    t.add_argument("--strategy", default="auto", choices=["auto", "screen", "halving", "grid"],
+                   help="screen: one knob at a time from the default, then the winners' "
+                        "combination, then halving among the leaders; halving: every candidate "
+                        "first; grid: every candidate, every level; auto (default): screen when "
+                        "it serves clearly fewer candidates")
     t.add_argument("--plan-only", action="store_true",
                    help="list the candidates and the planner's refusals; serve nothing")
     t.add_argument("--weights-bytes", type=int, help="weights' size (default: from config.json)")
@@ -161,6 +166,9 @@ def render_tune(console, doc) -> None:
         console.print("%-4s %-48s goodput %8.1f tok/s at C=%-4s noise %-6s %s" % (
             r["rank"] or "-", _escape(r["id"]), r["goodput_tok_s"], r["goodput_level"],
             r["noise"], _escape(r["disqualified"] or "")))
+    for n in doc.get("not_measured") or []:
+        if isinstance(n, dict):
+            console.print("-    %-48s %s" % (_escape(n["id"]), _escape(n["reason"])))
     console.print("winner: %s (%s); vs default: %s" % (
         _escape((doc["winner"] or {}).get("id", "none")), _escape(str(doc["decision"]["verdict"])),
         _escape(str(doc["versus_default"].get("verdict")))))
@@ -363,7 +371,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 model_config=args.model_config,
                 levels=[int(x) for x in _split(args.levels) or []], base_window_s=args.window,
                 port=args.port, reference=args.reference, min_match=args.min_match,
-                apply=args.apply, grid=args.grid, plan_only=args.plan_only,
+                apply=args.apply, grid=args.grid, strategy=args.strategy, plan_only=args.plan_only,
                 weights_bytes=args.weights_bytes, profile_overrides=args.profile_overrides,
                 extra_args=shlex.split(args.tune_extra_args) if args.tune_extra_args else None,
                 expert_parallel=[x.lower() == "true" for x in _split(args.ep) or []] or None,
@@ -372,6 +380,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             if args.json:
                 print(json.dumps(dict(doc), indent=2, default=str))
             elif args.plan_only:
+                out.print("strategy: %s" % _escape(doc["strategy_reason"]))
                 for c in doc["candidates"]:
                     out.print("candidate %s%s" % (_escape(c["id"]), " (default)" if c["default"] else ""))
                 for r in doc["refused"]:

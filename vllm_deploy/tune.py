@@ -2,8 +2,9 @@
 
 Each candidate is served through the normal service path (the playbook vllm_ops.deploy.tune:
 the vllm_service role with the candidate's instances, readiness included) and measured with the
-sweep, all its instances at once; the search (successive halving, early stop at saturation and at
-the first SLO break) lives in plugins/module_utils/vllm_tune.py. vLLM's compile caches
+sweep, all its instances at once; the search (``strategy``: screening one knob at a time, then
+successive halving among the leaders, or successive halving over every candidate, or the grid;
+early stop at saturation and at the first SLO break) lives in plugins/module_utils/vllm_tune.py. vLLM's compile caches
 (torch.compile / inductor / triton under the service user's ~/.cache) are kept between restarts:
 they belong to the service home, which no candidate touches.
 
@@ -62,7 +63,7 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
          reference: Optional[str] = None, min_match: float = 0.9,
          max_logprob_gap: Optional[float] = None, pinned: Optional[List[str]] = None,
          dummy_weights: bool = False, apply: bool = False, restore: bool = True,
-         grid: bool = False, plan_only: bool = False, report_dir: Optional[str] = None,
+         grid: bool = False, strategy: str = "auto", plan_only: bool = False, report_dir: Optional[str] = None,
          profile_overrides: Optional[Dict[str, Any]] = None,
          extra_args: Optional[List[str]] = None,
          extravars: Optional[Dict[str, Any]] = None,
@@ -74,8 +75,12 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
     vllm_service_extra_args (e.g. ``--load-format dummy``), kept in every candidate.
 
     ``plan_only=True`` returns the candidates and the planner's refusals without serving.
-    ``grid=True`` measures every candidate over every level with the longest window instead of
-    searching (the auto_tune-style baseline of the benchmark).
+    ``strategy``: ``screen`` (one knob changed from the default at a time, then the combination
+    of the winners, then successive halving among the leaders), ``halving`` (successive halving
+    over every candidate), ``grid`` (every candidate over every level with the longest window:
+    the auto_tune-style baseline of the benchmark; ``grid=True`` is the same) or ``auto``
+    (screen when it serves clearly fewer candidates than halving would; see
+    vllm_tune.choose_strategy).
     """
     vt, rep, load_profile = _mods()
     say = log or (lambda msg: None)
@@ -85,6 +90,11 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
             slo = vt.scale_slo(slo, slo_scale)
         budget = vt.check_budget(budget_minutes, budget_candidates)
         knobs = vt.check_knobs(knobs or {})
+        if grid:
+            strategy = "grid"
+        if strategy not in vt.STRATEGIES:
+            raise vt.TuneError("strategy %r is not one of %s"
+                               % (strategy, ", ".join(vt.STRATEGIES)))
     except vt.TuneError as exc:
         raise UsageError(str(exc)) from None
     levels = sorted(int(x) for x in levels)
@@ -115,16 +125,31 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
                       "instances": 1, "nccl_profile": None}
     if not any(all(a[k] == default_layout[k] for k in default_layout) for a in admitted):
         default_layout = None
-    cands, dropped = vt.build_candidates(admitted, knobs, default_layout=default_layout,
-                                         max_candidates=budget["candidates"], pinned=pinned)
+    every, _none = vt.build_candidates(admitted, knobs, default_layout=default_layout,
+                                       pinned=pinned)
+    strategy, strategy_reason = vt.choose_strategy(strategy, every, budget["candidates"])
+    say("strategy: %s" % strategy_reason)
+    if strategy == "screen":  # screening picks what it serves; the budget caps it there
+        cands, dropped = every, []
+    else:
+        cands, dropped = vt.build_candidates(admitted, knobs, default_layout=default_layout,
+                                             max_candidates=budget["candidates"], pinned=pinned)
     if not cands:
         raise UsageError("no candidate layout is admitted on %s: %s"
                          % (host, "; ".join("%s: %s" % (r["id"], r["reasons"][0]) for r in refused)))
     say("%d candidates (%d not measured: budget), %d layouts refused"
         % (len(cands), len(dropped), len(refused)))
+    grid = strategy == "grid"
 
     if plan_only:  # what would be measured, what the planner refuses; nothing runs
+        plan = None
+        if strategy == "screen":
+            dflt, singles, count = vt.screening_plan(cands)
+            plan = {"default": dflt["id"], "singles": [c["id"] for c in singles],
+                    "serves_at_most": count}
         return TuneResult({"host": host, "slo": slo, "budget": budget,
+                           "strategy": strategy, "strategy_reason": strategy_reason,
+                           "screening_plan": plan,
                            "candidates": [{"id": c["id"], "default": bool(c.get("default")),
                                            "plan": c.get("plan"), "note": c.get("plan_note")}
                                           for c in cands],
@@ -216,7 +241,8 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
                                eta=eta, max_rounds=1, budget=budget, clock=time.time, gate=gate)
         else:
             search = vt.Search(order, measure, levels, base_window_s=base_window_s, eta=eta,
-                               max_rounds=max_rounds, budget=budget, clock=time.time, gate=gate)
+                               max_rounds=max_rounds, budget=budget, clock=time.time, gate=gate,
+                               strategy=strategy, pinned=pinned)
         results = search.run()
         decision_s = round(time.time() - t_start, 1)
         table, decision = vt.rank(results)
@@ -247,13 +273,18 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
                         "%s: serving the %s configuration again failed: %s"
                         % (host, "winner's" if apply else "inventory's",
                            fails[0].describe() if fails else "rc %s" % runner.rc))
+    not_measured = [{"id": d, "reason": "not measured (budget: at most %s candidates)"
+                     % budget["candidates"]} for d in dropped] + \
+        [dict(n) for n in search.not_measured]
     evidence = {"runs": runs, "search_log": search.log, "measured_s": round(search.measured_s, 1),
                 "decision_wall_s": decision_s, "mode": "grid" if grid else "search",
+                "strategy": strategy, "strategy_reason": strategy_reason,
+                "screening": search.screening, "candidates_served": len(results),
                 "reference": ref_holder.get("id"), "levels": levels,
                 "base_window_s": base_window_s, "eta": eta, "max_rounds": max_rounds}
     doc = vt.tune_document(host, slo, budget, [{"id": r["id"], "reasons": r["reasons"]}
                                                for r in refused],
-                           dropped, table, decision, vs, evidence, applied=bool(apply and win),
+                           not_measured, table, decision, vs, evidence, applied=bool(apply and win),
                            dummy_weights=dummy_weights)
     pts = rep.pareto_points(points)
     out = TuneResult(doc)

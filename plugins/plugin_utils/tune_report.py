@@ -19,7 +19,7 @@ from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.sweep_report impor
 CSV_FIELDS = ["rank", "id", "default", "gpus", "instances", "tensor_parallel", "expert_parallel",
               "data_parallel", "nccl_profile", "knobs", "goodput_tok_s", "goodput_tok_s_per_gpu",
               "goodput_level", "highest_level_meeting_slo", "rounds", "window_s", "noise",
-              "token_match_rate", "logprob_gap_max", "disqualified"]
+              "token_match_rate", "logprob_gap_max", "disqualified", "not_measured"]
 
 
 def table_rows(table):
@@ -42,8 +42,30 @@ def table_rows(table):
             "noise": r["noise"] if r["noise"] is not None else "",
             "token_match_rate": gate.get("token_match_rate", ""),
             "logprob_gap_max": gate.get("logprob_gap_max", ""),
-            "disqualified": r["disqualified"] or "",
+            "disqualified": r["disqualified"] or "", "not_measured": "",
         })
+    return rows
+
+
+def not_measured_rows(not_measured):
+    """ranked.csv rows of the candidates the search did not serve (screened out, budget),
+    with the reason; entries without a layout (older documents: ids only) are left out."""
+    rows = []
+    for n in not_measured or []:
+        if not isinstance(n, dict) or not n.get("layout"):
+            continue
+        lay = n["layout"]
+        row = dict((k, "") for k in CSV_FIELDS)
+        row.update({
+            "id": n["id"], "default": False,
+            "gpus": lay["tensor_parallel"] * lay["data_parallel"] * lay["instances"],
+            "instances": lay["instances"], "tensor_parallel": lay["tensor_parallel"],
+            "expert_parallel": lay["expert_parallel"], "data_parallel": lay["data_parallel"],
+            "nccl_profile": lay.get("nccl_profile") or "",
+            "knobs": " ".join("%s=%s" % (k, v) for k, v in sorted((n.get("knobs") or {}).items())
+                              if v is not None),
+            "rounds": 0, "not_measured": n["reason"]})
+        rows.append(row)
     return rows
 
 
@@ -54,7 +76,7 @@ def write_table(directory, doc):
     with open(csv_path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         w.writeheader()
-        for row in table_rows(doc["ranked"]):
+        for row in table_rows(doc["ranked"]) + not_measured_rows(doc.get("not_measured")):
             w.writerow(row)
     json_path = os.path.join(directory, "tune.json")
     with open(json_path, "w") as f:

@@ -301,3 +301,149 @@ def test_service_instances_keep_the_hosts_own_overrides_and_extra_args():
     assert a["profile_overrides"]["parallel"] == {"pipeline": 1, "tensor": 1, "data": 1,
                                                   "expert_parallel": False}
     assert a["extra_args"] == ["--load-format", "dummy", "--max-num-seqs", "64"]
+
+
+# ---- the screen strategy: one knob changed from the default at a time, then the winners'
+# combination, then successive halving among the leaders
+KNOBS3 = {"max-num-seqs": [None, 2], "max-num-batched-tokens": [None, 512]}  # x instances 1, 2
+MNS, MBT = "tp1 max-num-seqs=2", "tp1 max-num-batched-tokens=512"
+COMBO = "2xtp1 max-num-seqs=2"
+SCREEN_ORDER = ["tp1", "2xtp1", MBT, MNS]  # default, the layout knob, engine knobs by name
+
+
+def _cands3(knobs=None, pinned=None):
+    admitted, _refused = t.admit(t.enumerate_layouts(0))
+    cands, _dropped = t.build_candidates(admitted, knobs or KNOBS3, pinned=pinned)
+    return cands
+
+
+def _rates3(**over):
+    rates = dict((c["id"], 100.0) for c in _cands3())
+    rates.update(over)
+    return rates
+
+
+def _screen(rates, broken=(), max_rounds=3, **kw):
+    cands = _cands3(pinned=kw.get("pinned"))
+    host = FakeHost(rates, broken)
+    ref = _outs([1, 2, 3])
+    s = t.Search(cands, host.measure, [1, 2, 4, 8, 16], base_window_s=2, max_rounds=max_rounds,
+                 budget=kw.get("budget"), gate=lambda c, out: t.gate(ref, out, "tp1"),
+                 strategy="screen", pinned=kw.get("pinned"))
+    return s, s.run(), host
+
+
+def test_strategy_auto_screens_only_when_it_serves_clearly_fewer():
+    cands = _cands3()
+    assert len(cands) == 8
+    default, singles, count = t.screening_plan(cands)
+    assert default["id"] == "tp1" and [c["id"] for c in singles] == SCREEN_ORDER[1:]
+    assert count == 5  # 1 + 3 single changes + the combination, against 8
+    assert t.choose_strategy("auto", cands)[0] == "screen"
+    # 2 binary knobs: 4 screening serves of 4 candidates -- halving
+    two = _cands3({"max-num-seqs": [None, 2]})
+    assert t.screening_plan(two)[2] == 4 and t.choose_strategy("auto", two)[0] == "halving"
+    # a candidate budget of 3 already serves fewer than screening would
+    assert t.choose_strategy("auto", cands, budget_candidates=3)[0] == "halving"
+    # 4 binary knobs (layout + 3 engine knobs): 6 of 16
+    four = _cands3(dict(KNOBS3, **{"kv-cache-memory-bytes": [None, 1 << 28]}))
+    assert len(four) == 16 and t.screening_plan(four)[2] == 6
+    assert t.choose_strategy("grid", cands) == ("grid", "grid (asked for)")
+    with pytest.raises(t.TuneError, match="strategy 'fast' is not one of auto, screen"):
+        t.choose_strategy("fast", cands)
+
+
+def test_screen_nothing_beats_the_default_serves_4_of_8_and_says_why_not_the_rest():
+    rates = _rates3(**{MBT: 97.0, MNS: 95.0})  # 2xtp1 as fast as the default
+    s, results, host = _screen(rates, max_rounds=2)
+    calls = [(c, w) for c, w, _l in host.calls]
+    # screening at 2 s; no winner -> no combination; leaders = the default + the best single
+    # change, at 4 s, the one still serving first
+    assert calls[:4] == [(c, 2.0) for c in SCREEN_ORDER]
+    assert sorted(calls[4:]) == [("2xtp1", 4.0), ("tp1", 4.0)] and len(calls) == 6
+    assert s.screening["winners"] == {} and s.screening["combination"] is None
+    assert s.screening["leaders"] == ["tp1", "2xtp1"]
+    assert len(results) == 4
+    why = dict((n["id"], n["reason"]) for n in s.not_measured)
+    assert why == {
+        "2xtp1 max-num-batched-tokens=512": "not measured (screened out: knob layout's value "
+                                            "2xtp1 did not beat the default)",
+        COMBO: "not measured (screened out: knob layout's value 2xtp1 did not beat the default)",
+        "2xtp1 max-num-batched-tokens=512 max-num-seqs=2": ("not measured (screened out: knob "
+                                                            "layout's value 2xtp1 did not beat "
+                                                            "the default)"),
+        "tp1 max-num-batched-tokens=512 max-num-seqs=2": ("not measured (screened out: knob "
+                                                          "max-num-batched-tokens's value 512 "
+                                                          "did not beat the default)")}
+    table, decision = t.rank(results)
+    # tp1 and 2xtp1 went on at 4 s; the default is not beaten
+    assert decision["winner"] == "tp1"
+    assert t.versus_default(table)["verdict"] == "the default is already best"
+
+
+def test_screen_two_winning_knobs_are_combined_and_the_combination_wins():
+    rates = _rates3(**{"2xtp1": 150.0, MNS: 130.0, MBT: 101.0, COMBO: 200.0})
+    s, results, host = _screen(rates)
+    ids = [c for c, _w, _l in host.calls]
+    windows = [w for _c, w, _l in host.calls]
+    assert ids[:5] == SCREEN_ORDER + [COMBO] and windows[:5] == [2.0] * 5
+    assert s.screening["winners"] == {"layout": "2xtp1", "max-num-seqs": MNS}
+    assert s.screening["leaders"] == ["tp1", COMBO, "2xtp1"]
+    # halving among the 3 leaders: 3 at 4 s (the combination, still serving, first), then the
+    # best 2 and the default at 8 s -- 11 measurements, 5 candidates served of 8
+    assert ids[5] == COMBO and sorted(ids[5:8]) == sorted(["tp1", COMBO, "2xtp1"])
+    assert windows[5:8] == [4.0] * 3 and windows[8:] == [8.0] * 3 and len(ids) == 11
+    assert len(results) == 5 and len(s.not_measured) == 3
+    assert all("max-num-batched-tokens's value 512 did not beat" in n["reason"]
+               for n in s.not_measured)
+    table, decision = t.rank(results)
+    assert decision["winner"] == COMBO and not decision["tie"]
+    assert t.versus_default(table)["verdict"] == "better"
+
+
+def test_screen_interacting_knobs_combination_loses_falls_back_to_the_best_single_change():
+    # two instances and max-num-seqs=2 each win alone, but together each instance is
+    # capped at 2 sequences: the combination is slower than either
+    rates = _rates3(**{"2xtp1": 150.0, MNS: 130.0, COMBO: 80.0})
+    s, results, host = _screen(rates)
+    assert [c for c, _w, _l in host.calls][:5] == SCREEN_ORDER + [COMBO]
+    assert s.screening["combination"] == COMBO
+    assert s.screening["leaders"] == ["tp1", COMBO, "2xtp1"]
+    combo_windows = [w for c, w, _l in host.calls if c == COMBO]
+    assert combo_windows == [2.0, 4.0]  # measured in screening and round 2, then cut
+    assert [w for c, w, _l in host.calls if c == "2xtp1"] == [2.0, 4.0, 8.0]
+    table, decision = t.rank(results)
+    assert decision["winner"] == "2xtp1" and not decision["tie"]
+    assert [r["id"] for r in table][:2] == ["2xtp1", "tp1"]
+    vs = t.versus_default(table)
+    assert vs["verdict"] == "better" and vs["ratio"] == pytest.approx(1.5, rel=0.05)
+
+
+def test_screen_budget_pinned_and_disqualified():
+    broken = "tp1 max-num-seqs=2"
+    rates = _rates3(**{MNS: 500.0})
+    s, results, host = _screen(rates, broken=[broken], pinned=[broken],
+                               budget={"candidates": 3})
+    # the default, the pinned candidate (a single change here), then the screening order
+    assert [c for c, _w, _l in host.calls][:3] == ["tp1", broken, "2xtp1"]
+    assert set(results) == {"tp1", broken, "2xtp1"}
+    table, decision = t.rank(results)
+    assert [r for r in table if r["id"] == broken][0]["disqualified"].startswith("correctness")
+    assert decision["winner"] != broken and broken not in s.screening["leaders"]
+    why = dict((n["id"], n["reason"]) for n in s.not_measured)
+    assert why[MBT] == "not measured (budget: at most 3 candidates)"
+    assert "layout's value 2xtp1 did not beat the default" in why[COMBO]
+    assert why["tp1 max-num-batched-tokens=512 max-num-seqs=2"] == (
+        "not measured (screened out: knob max-num-seqs's value 2 was disqualified on its own: "
+        "correctness gate)")
+
+
+def test_grid_strategy_serves_every_candidate_once_in_order():
+    cands = _cands3()
+    host = FakeHost(_rates3())
+    s = t.Search(cands, host.measure, [1, 2, 4, 8], base_window_s=8, max_rounds=1,
+                 strategy="grid")
+    s.run()
+    assert [c for c, _w, _l in host.calls] == [c["id"] for c in cands]
+    assert {w for _c, w, _l in host.calls} == {8.0} and len(host.calls) == 8
+    assert all(lv == [1, 2, 4, 8] for _c, _w, lv in host.calls)

@@ -27,7 +27,11 @@ def _doc():
     }
     table, decision = t.rank(res)
     return t.tune_document("h1", {"class": "custom", "tpot_ms": 50}, {"candidates": 2}, [
-        {"id": "tp8", "reasons": ["1536 / tensor_parallel 8 = 192"]}], [], table, decision,
+        {"id": "tp8", "reasons": ["1536 / tensor_parallel 8 = 192"]}], [
+        {"id": "2xtp1 max-num-seqs=8", "layout": dict(lay, instances=2),
+         "knobs": {"max-num-seqs": 8},
+         "reason": "not measured (screened out: knob layout's value 2xtp1 did not beat the "
+                   "default)"}], table, decision,
         t.versus_default(table), {})
 
 
@@ -42,7 +46,11 @@ def test_reports_written(tmp_path):
     assert pts[0] == ("tp1", 1, 50.0, 50.0, True)
     out = rep.write_reports(str(tmp_path), doc, pts)
     rows = list(csv.DictReader(open(out["csv"])))
-    assert [r["id"] for r in rows] == ["tp1 max-num-seqs=8", "tp1"] and rows[0]["rank"] == "1"
+    assert [r["id"] for r in rows] == ["tp1 max-num-seqs=8", "tp1", "2xtp1 max-num-seqs=8"]
+    assert rows[0]["rank"] == "1" and rows[0]["not_measured"] == ""
+    # a candidate the search did not serve is a row of the ranked table, with the reason
+    assert rows[2]["rank"] == "" and rows[2]["gpus"] == "2" and rows[2]["knobs"] == "max-num-seqs=8"
+    assert rows[2]["not_measured"].startswith("not measured (screened out: knob layout's value")
     assert rows[0]["knobs"] == "max-num-seqs=8"
     assert json.load(open(out["json"]))["winner"]["id"] == "tp1 max-num-seqs=8"
     assert os.path.getsize(out["pareto"]) > 10000
