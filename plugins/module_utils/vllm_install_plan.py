@@ -171,7 +171,7 @@ def plan(settings, root, uv="uv", metadata=None, project_list=None, machine="x86
          python=(3, 11), extra_requirements=(), excludes=(), excludes_file=None,
          find_links=(), torch_index_url="", torch_backend="", uv_extra_args=(),
          check_paths=False, resolve=True, prefix="vllm_install_", wheelhouse_wheels=None,
-         site_dirs=()):
+         site_dirs=(), compile_bytecode=True):
     """Validate the settings and compute {source, pin, venv, argv, wheel, metadata_url}.
 
     settings: the vllm_source.validate_source keys. root: the install root (venvs go to
@@ -184,6 +184,11 @@ def plan(settings, root, uv="uv", metadata=None, project_list=None, machine="x86
     wheel is installed with --no-deps (no_deps_wheels) instead of resolving the package's
     requirements; None resolves. site_dirs: directories the venv sees after its own
     site-packages (a .pth file the role writes), e.g. a machine's preinstalled torch.
+
+    compile_bytecode: ``uv pip install --compile-bytecode``: every module is compiled at install
+    time. The venv belongs to root and the service user cannot write ``__pycache__`` there, so
+    without it each process of every start (API server, engine core, workers) compiles torch,
+    transformers and vLLM from source again.
     """
     source = validate_source(settings, prefix=prefix, check_paths=check_paths)
     extras = _clean_list(extra_requirements, "extra_requirements", _REQ_RE, prefix)
@@ -222,7 +227,7 @@ def plan(settings, root, uv="uv", metadata=None, project_list=None, machine="x86
     if wheels is not None:
         python_path = posixpath.join(venv, "bin", "python")
         result["argv"] = ([uv, "pip", "install", "--python", python_path, "--no-index", "--no-deps",
-                           "--system-certs"]
+                           "--system-certs"] + (["--compile-bytecode"] if compile_bytecode else [])
                           + [posixpath.join(source["wheelhouse_dir"], w) for w in wheels]
                           + [str(a) for a in (uv_extra_args or [])])
         return result
@@ -247,6 +252,8 @@ def plan(settings, root, uv="uv", metadata=None, project_list=None, machine="x86
                            find_links=list(find_links or []),
                            extra_index_urls=extra_index_urls)
     argv += ["--system-certs"] + extra
+    if compile_bytecode:
+        argv.append("--compile-bytecode")
     if excl:
         if not excludes_file:
             raise SourceError("excludes given but no excludes_file to write them to")

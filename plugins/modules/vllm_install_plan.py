@@ -105,6 +105,13 @@ options:
     type: list
     elements: str
     default: []
+  compile_bytecode:
+    description:
+      - Pass C(--compile-bytecode) to C(uv pip install), so the modules are compiled once at
+        install time. The service user cannot write C(__pycache__) into the venv, so without
+        it every process of every start compiles torch and vLLM from source.
+    type: bool
+    default: true
   wheelhouse_wheels:
     description:
       - The wheel file names in I(wheelhouse_dir) (e.g. from M(ansible.builtin.find)). When
@@ -238,6 +245,7 @@ def main():
         torch_index_url=dict(type="str", default=""),
         torch_backend=dict(type="str", default=""),
         uv_extra_args=dict(type="list", elements="str", default=[]),
+        compile_bytecode=dict(type="bool", default=True),
         wheelhouse_wheels=dict(type="list", elements="str"),
         site_dirs=dict(type="list", elements="str", default=[]),
         python_version=dict(type="str", default=""),
@@ -266,6 +274,7 @@ def main():
                       excludes_file=p["excludes_file"], find_links=p["find_links"],
                       torch_index_url=p["torch_index_url"], torch_backend=p["torch_backend"],
                       uv_extra_args=p["uv_extra_args"], check_paths=p["check_paths"],
+                      compile_bytecode=p["compile_bytecode"],
                       resolve=p["resolve"], prefix=prefix,
                       wheelhouse_wheels=p["wheelhouse_wheels"], site_dirs=p["site_dirs"])
     except SourceError as exc:

