@@ -689,14 +689,15 @@ def ours_params(args, base, concurrency, vocab_size, seed, **over):
 
 def vllm_argv(args, base, concurrency, num_prompts, seed, result_dir, result_filename):
     detail = ["--save-detailed"] if getattr(args, "load_shape", False) else []
-    return detail + ["--backend", "vllm", "--base-url", base, "--endpoint", "/v1/completions",
-            "--model", args.model, "--tokenizer", args.model_dir,
-            "--dataset-name", "random", "--random-input-len", str(args.input_len),
-            "--random-output-len", str(args.output_len), "--ignore-eos",
-            "--temperature", "0", "--request-rate", "inf", "--disable-tqdm",
-            "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
-            "--seed", str(seed), "--save-result", "--result-dir", result_dir,
-            "--result-filename", result_filename]
+    return detail + [
+        "--backend", "vllm", "--base-url", base, "--endpoint", "/v1/completions",
+        "--model", args.model, "--tokenizer", args.model_dir,
+        "--dataset-name", "random", "--random-input-len", str(args.input_len),
+        "--random-output-len", str(args.output_len), "--ignore-eos",
+        "--temperature", "0", "--request-rate", "inf", "--disable-tqdm",
+        "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
+        "--seed", str(seed), "--save-result", "--result-dir", result_dir,
+        "--result-filename", result_filename]
 
 
 class Bench(object):
@@ -903,8 +904,8 @@ def prompt_and_shape_lines(levels):
     out = ["", "prompt tokens per request (server vllm:prompt_tokens_total delta x output_len / "
                "output delta; mean over runs) and the tools' own totals; ours: requests whose "
                "usage.prompt_tokens != input_len (sum over runs)",
-           "%5s | %10s %10s | %14s %14s | %8s" % ("C", "srv/req us", "srv/req vl",
-                                                   "own total us", "own total vl", "miss us")]
+           "%5s | %10s %10s | %14s %14s | %8s" % (
+               "C", "srv/req us", "srv/req vl", "own total us", "own total vl", "miss us")]
     for level in levels:
         runs = level["runs"]
         by = dict((t, [r for r in runs if r["tool"] == t and r.get("ok")]) for t in TOOLS)

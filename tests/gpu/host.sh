@@ -247,12 +247,13 @@ step_deploy() { # step_deploy TAG [MODEL] [ansible-playbook args...]
 }
 
 step_bench() { # step_bench TAG LEVELS: against the deployed llama (deploy TAG llama first)
-  local tag=$1 levels=$2 vpy=/opt/vllm-deploy/current/bin/python
+  local tag=$1 levels=$2 vpy=/opt/vllm-deploy/current/bin/python extra=()
+  read -r -a extra <<<"${GPU_HOST_BENCH_ARGS:-}"  # more arguments, split on spaces
   timeout "${GPU_HOST_BENCH_TIMEOUT:-580}" "$PY" tests/benchmarks/bench_sweep_vs_vllm.py --vllm-python "$vpy" \
     --model-dir "$MODELS/llama-0.9b-dummy" --model llama-0.9b-dummy --base-url "http://127.0.0.1:$VLLM_PORT" \
     --levels "$levels" --input-len 128 --output-len 128 --duration-s "${GPU_HOST_BENCH_DURATION:-15}" \
     --vocab-size 2048 --reps "${GPU_HOST_BENCH_REPS:-3}" --time-budget-s "${GPU_HOST_BENCH_BUDGET:-540}" \
-    --json-out "$OUTD/bench-$tag.json" ${GPU_HOST_BENCH_ARGS:-} 2>&1 | tee "$OUTD/bench-$tag.txt"
+    --json-out "$OUTD/bench-$tag.json" "${extra[@]}" 2>&1 | tee "$OUTD/bench-$tag.txt"
   cp /tmp/bench-sweep-*/children.log "$OUTD/bench-children-$tag.log" 2>/dev/null
   return 0
 }
