@@ -10,12 +10,12 @@ import json
 import socket
 import struct
 import sys
-import threading
 
 import pytest
 
 aiohttp = pytest.importorskip("aiohttp")  # pinned in requirements/tools.txt: never skips there
 from aiohttp import web  # noqa: E402
+from aio_server import ThreadedServer, servers, sweep_params  # noqa: E402  (this directory's helper)
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils import sweep_client  # noqa: E402
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import (  # noqa: E402
@@ -24,7 +24,7 @@ from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client impor
 MODEL = "tiny"
 
 
-class FakeServer(object):
+class FakeServer(ThreadedServer):
     """A /v1/models + /v1/completions server on 127.0.0.1 in its own thread and event loop.
 
     ``mode`` says what a prompt token id >= ``vocab`` gets: "400" (vLLM's validation error),
@@ -37,31 +37,11 @@ class FakeServer(object):
         self.mode, self.vocab = mode, vocab
         self.dead = False
         self.probes = []  # token ids of every /v1/completions request, in order
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.runner = None
-        self.port = self._call(self._start())
-        self.base_url = "http://127.0.0.1:%d" % self.port
+        super(FakeServer, self).__init__()
 
-    def _call(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
-
-    async def _start(self):
-        app = web.Application()
+    def routes(self, app):
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        return site._server.sockets[0].getsockname()[1]
-
-    def stop(self):
-        self._call(self.runner.cleanup())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        self.loop.close()
 
     @staticmethod
     def _drop(request, rst):
@@ -106,23 +86,11 @@ class FakeServer(object):
 
 @pytest.fixture
 def server():
-    made = []
-
-    def make(mode, vocab):
-        s = FakeServer(mode, vocab)
-        made.append(s)
-        return s
-    yield make
-    for s in made:
-        s.stop()
+    yield from servers(FakeServer)
 
 
 def params(base_url, **kw):
-    p = {"base_url": base_url, "model": MODEL, "levels": [1], "input_len": 8, "output_len": 8,
-         "duration_s": 1.0, "request_timeout_s": 10.0, "saturation_threshold": 0.1,
-         "endpoint": "completions", "vocab_size": None}
-    p.update(kw)
-    return p
+    return sweep_params(base_url, MODEL, **kw)
 
 
 def preflight(srv):

@@ -5,12 +5,12 @@ and the per-level prompt-length report. The real tokenizer (vLLM serving the tin
 tests/integration/test_sweep_real.py::test_chunk_usage_gives_tokens_per_chunk."""
 import asyncio
 import random
-import threading
 
 import pytest
 
 aiohttp = pytest.importorskip("aiohttp")  # pinned in requirements/tools.txt: never skips there
 from aiohttp import web  # noqa: E402
+from aio_server import ThreadedServer, servers, sweep_params  # noqa: E402  (this directory's helper)
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import (  # noqa: E402
     PROMPT_WORDS, Sweep, SweepError, check_params)
@@ -52,37 +52,18 @@ class Toy(object):
         return n
 
 
-class TokenizeServer(object):
+class TokenizeServer(ThreadedServer):
     """/v1/models and /tokenize (or no /tokenize) on 127.0.0.1, in its own thread."""
 
     def __init__(self, toy, tokenize=True):
         self.toy, self.with_tokenize = toy, tokenize
         self.calls = 0
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.port = self._call(self._start())
-        self.base_url = "http://127.0.0.1:%d" % self.port
+        super(TokenizeServer, self).__init__()
 
-    def _call(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
-
-    async def _start(self):
-        app = web.Application()
+    def routes(self, app):
         app.router.add_get("/v1/models", self.models)
         if self.with_tokenize:
             app.router.add_post("/tokenize", self.tokenize)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        return site._server.sockets[0].getsockname()[1]
-
-    def stop(self):
-        self._call(self.runner.cleanup())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        self.loop.close()
 
     async def models(self, request):
         return web.json_response({"object": "list", "data": [
@@ -98,23 +79,12 @@ class TokenizeServer(object):
 
 @pytest.fixture
 def server():
-    made = []
-
-    def make(toy, **kw):
-        s = TokenizeServer(toy, **kw)
-        made.append(s)
-        return s
-    yield make
-    for s in made:
-        s.stop()
+    yield from servers(TokenizeServer)
 
 
 def params(base_url, **kw):
-    p = {"base_url": base_url, "model": MODEL, "levels": [1], "input_len": 24, "output_len": 8,
-         "duration_s": 1.0, "request_timeout_s": 10.0, "saturation_threshold": 0.1,
-         "endpoint": "completions", "vocab_size": None, "prompt_format": "text", "seed": 7}
-    p.update(kw)
-    return p
+    return sweep_params(base_url, MODEL, **dict({"input_len": 24, "prompt_format": "text",
+                                                 "seed": 7}, **kw))
 
 
 def preflight(srv, **kw):
