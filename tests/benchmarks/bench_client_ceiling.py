@@ -50,9 +50,10 @@ class StubProtocol(asyncio.Protocol):
     """HTTP/1.1 keep-alive, just enough for the sweep client: GET /v1/models, GET /metrics,
     POST /v1/completions (stream, max_tokens tokens, one write per token chunk)."""
 
-    def __init__(self, counters, tokens_per_write):
+    def __init__(self, counters, tokens_per_write, ttft_s=0.0, itl_s=0.0):
         self.counters = counters
         self.tokens_per_write = tokens_per_write
+        self.ttft_s, self.itl_s = ttft_s, itl_s
         self.buf = b""
         self.transport = None
         self.busy = False
@@ -94,18 +95,29 @@ class StubProtocol(asyncio.Protocol):
 
     async def _answer(self, method, path, body):
         try:
-            if path == "/v1/models":
+            if path == "/health":
+                self._plain(b"200 OK", b"text/plain", b"")
+            elif path == "/tokenize" and method == "POST":
+                # word-level: every space-separated word one token, no special tokens
+                n = len(str(json.loads(body).get("prompt") or "").split())
+                self._plain(b"200 OK", b"application/json", json.dumps(
+                    {"count": n, "max_model_len": 1 << 20, "tokens": list(range(n))}).encode())
+            elif path == "/v1/models":
                 self._plain(b"200 OK", b"application/json", json.dumps(
                     {"object": "list", "data": [{"id": MODEL, "object": "model",
                                                  "max_model_len": 1 << 20}]}).encode())
             elif path == "/metrics":
                 with self.counters.get_lock():
-                    gen, prompt = self.counters[0], self.counters[1]
+                    gen, prompt, first_us, reqs = list(self.counters)
                 self._plain(b"200 OK", b"text/plain", (
                     "# TYPE vllm:generation_tokens_total counter\n"
                     "vllm:generation_tokens_total{model_name=\"stub\"} %d\n"
                     "# TYPE vllm:prompt_tokens_total counter\n"
-                    "vllm:prompt_tokens_total{model_name=\"stub\"} %d\n" % (gen, prompt)).encode())
+                    "vllm:prompt_tokens_total{model_name=\"stub\"} %d\n"
+                    "# TYPE stub_first_token_seconds summary\n"
+                    "stub_first_token_seconds_sum %.6f\n"
+                    "stub_first_token_seconds_count %d\n"
+                    % (gen, prompt, first_us / 1e6, reqs)).encode())
             elif path == "/v1/completions" and method == "POST":
                 await self._stream(json.loads(body))
             else:
@@ -116,6 +128,7 @@ class StubProtocol(asyncio.Protocol):
                 self._next()
 
     async def _stream(self, req):
+        t_in = time.perf_counter()
         n = int(req.get("max_tokens") or 16)
         prompt = req.get("prompt")
         n_prompt = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
@@ -129,11 +142,17 @@ class StubProtocol(asyncio.Protocol):
                                             "finish_reason": None, "stop_reason": None}],
                             usage=None))
         sent = 0
+        first = None
+        if self.ttft_s:
+            await asyncio.sleep(max(0.0, self.ttft_s - (time.perf_counter() - t_in)))
         while sent < n:
             k = min(self.tokens_per_write, n - sent)
             w(token * k)
+            if first is None:
+                first = time.perf_counter() - t_in  # the stub's own TTFT (after the body)
             sent += k
-            await asyncio.sleep(0)  # let other streams write: one write per token chunk
+            # let other streams write: one write per token chunk; paced when itl_s is set
+            await asyncio.sleep(self.itl_s if sent < n else 0)
             if self.transport.is_closing():
                 return
         w(_event(dict(base, choices=[], usage={"prompt_tokens": n_prompt, "total_tokens":
@@ -142,9 +161,11 @@ class StubProtocol(asyncio.Protocol):
         with self.counters.get_lock():
             self.counters[0] += n
             self.counters[1] += n_prompt
+            self.counters[2] += int(round((first or 0.0) * 1e6))
+            self.counters[3] += 1
 
 
-def _serve(sock, counters, tokens_per_write, ready):
+def _serve(sock, counters, tokens_per_write, ready, ttft_s=0.0, itl_s=0.0):
     try:
         import uvloop
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
@@ -153,7 +174,7 @@ def _serve(sock, counters, tokens_per_write, ready):
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     server = loop.run_until_complete(loop.create_server(
-        lambda: StubProtocol(counters, tokens_per_write), sock=sock))
+        lambda: StubProtocol(counters, tokens_per_write, ttft_s, itl_s), sock=sock))
     ready.set()
     try:
         loop.run_forever()
@@ -161,10 +182,13 @@ def _serve(sock, counters, tokens_per_write, ready):
         server.close()
 
 
-def start_stub(processes, tokens_per_write=1):
-    """The stub on a free 127.0.0.1 port in ``processes`` processes; returns (url, procs)."""
+def start_stub(processes, tokens_per_write=1, ttft_s=0.0, itl_s=0.0):
+    """The stub on a free 127.0.0.1 port in ``processes`` processes; returns (url, procs).
+    ``ttft_s``/``itl_s``: a paced stub (first token that long after the request body
+    arrived, then one token every ``itl_s``): a known TTFT to calibrate clients against; its
+    own measured first-token delay is ``stub_first_token_seconds`` on /metrics."""
     ctx = multiprocessing.get_context("fork")
-    counters = ctx.Array("q", 2)
+    counters = ctx.Array("q", 4)
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
@@ -177,7 +201,8 @@ def start_stub(processes, tokens_per_write=1):
         sock.bind(("127.0.0.1", port))
         sock.listen(1024)
         ready = ctx.Event()
-        p = ctx.Process(target=_serve, args=(sock, counters, tokens_per_write, ready), daemon=True)
+        p = ctx.Process(target=_serve, args=(sock, counters, tokens_per_write, ready, ttft_s, itl_s),
+                        daemon=True)
         p.start()
         sock.close()
         ready.wait(30)

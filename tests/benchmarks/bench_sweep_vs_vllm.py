@@ -658,6 +658,70 @@ def start_server(args, log):
     return proc
 
 
+def start_paced_stub(args):
+    """(url, processes) of the client ceiling's stub, paced: a known TTFT (--stub-ttft-ms)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from bench_client_ceiling import start_stub
+    return start_stub(args.stub_processes, ttft_s=args.stub_ttft_ms / 1000.0,
+                      itl_s=args.stub_itl_ms / 1000.0)
+
+
+def stub_calibration(args, base, report):
+    """The paced stub's own first-token delay (mean over every request it answered, measured
+    in the stub from the request body's arrival to the first token's write) and, per level and
+    tool, the median of the runs' TTFT p50 minus it: each tool's bias."""
+    try:
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError as e:
+        return {"error": str(e)}
+    vals = {}
+    for line in text.splitlines():
+        if line.startswith("stub_first_token_seconds_"):
+            k, _sep, v = line.partition(" ")
+            vals[k] = float(v)
+    n = vals.get("stub_first_token_seconds_count") or 0
+    served = (vals.get("stub_first_token_seconds_sum", 0.0) / n * 1000.0) if n else None
+    levels = []
+    for level in report.get("levels") or []:
+        row = {"concurrency": level["concurrency"], "prompt_format": level.get("prompt_format")}
+        for tool in TOOLS:
+            xs = sorted(r["ttft_p50_ms"] for r in level["runs"]
+                        if r.get("ok") and r["tool"] == tool and r.get("ttft_p50_ms") is not None)
+            med = xs[len(xs) // 2] if xs else None
+            row[tool] = {"ttft_p50_ms": med,
+                         "bias_ms": None if med is None or served is None else med - served}
+        levels.append(row)
+    return {"ttft_set_ms": args.stub_ttft_ms, "itl_set_ms": args.stub_itl_ms,
+            "requests": int(n), "first_token_served_ms": served, "levels": levels}
+
+
+def format_stub(cal):
+    if not cal:
+        return []
+    if cal.get("error"):
+        return ["", "paced stub: no /metrics (%s)" % cal["error"]]
+    out = ["", "paced stub (calibration, not vLLM): first token set %.1f ms after each request, "
+               "measured in the stub %.3f ms (mean of %d requests); tokens every %.1f ms" % (
+                   cal["ttft_set_ms"], cal["first_token_served_ms"] or 0.0, cal["requests"],
+                   cal["itl_set_ms"]),
+           "bias = the tool's TTFT p50 (median over its runs) - the stub's measured delay",
+           "%5s %-9s | %12s %10s | %12s %10s" % ("C", "ours sent", "TTFT us", "bias us",
+                                                  "TTFT vl", "bias vl")]
+
+    def f(x):
+        return "-" if x is None else "%.3f" % x
+    for row in cal["levels"]:
+        o, v = row.get("ours") or {}, row.get("vllm") or {}
+        out.append("%5d %-9s | %12s %10s | %12s %10s" % (
+            row["concurrency"], row.get("prompt_format") or "", f(o.get("ttft_p50_ms")),
+            f(o.get("bias_ms")),
+            f(v.get("ttft_p50_ms")), f(v.get("bias_ms"))))
+    return out
+
+
 def stop_server(server):
     try:
         os.killpg(server.pid, signal.SIGTERM)
@@ -1086,7 +1150,21 @@ def parse_args(argv):
     ap.add_argument("--definition", choices=DEFINITIONS, default="whole_run",
                     help="which of our figures to compare with vllm bench's (default whole_run, "
                          "its own definition)")
+    ap.add_argument("--stub-ttft-ms", type=float,
+                    help="calibration: instead of vLLM, a paced stub server (the client "
+                         "ceiling's, tests/benchmarks/bench_client_ceiling.py) whose first token "
+                         "comes this many ms after each request: both tools' TTFT is then "
+                         "compared with a known value (their bias); never a stand-in for vLLM")
+    ap.add_argument("--stub-itl-ms", type=float, default=2.0,
+                    help="the paced stub's gap between tokens (ms)")
+    ap.add_argument("--stub-processes", type=int, default=2,
+                    help="the paced stub's server processes")
     args = ap.parse_args(argv)
+    if args.stub_ttft_ms is not None:
+        if args.base_url:
+            ap.error("--stub-ttft-ms starts its own server: leave out --base-url")
+        if args.stub_ttft_ms < 0 or args.stub_itl_ms < 0 or args.stub_processes < 1:
+            ap.error("--stub-ttft-ms and --stub-itl-ms must be >= 0, --stub-processes >= 1")
     try:
         args.levels = [int(x) for x in args.levels.split(",")]
     except ValueError:
@@ -1113,6 +1191,10 @@ def main(argv=None):
     work = tempfile.mkdtemp(prefix="bench-sweep-")
     log = open(os.path.join(work, "children.log"), "w")
     server = None
+    stub = None
+    if args.stub_ttft_ms is not None:
+        stub = start_paced_stub(args)
+        args.base_url, args.model = stub[0], "stub"
     base = (args.base_url or "http://127.0.0.1:%d" % args.port).rstrip("/")
     bench = Bench(args, base, work, log, deadline)
     old = dict((s, signal.signal(s, _interrupt)) for s in (signal.SIGTERM, signal.SIGINT))
@@ -1144,9 +1226,13 @@ def main(argv=None):
         bench.close()
         if server is not None:
             stop_server(server)
+        if stub is not None:
+            bench.report["stub"] = stub_calibration(args, base, bench.report)
+            for p in stub[1]:
+                p.terminate()
         log.close()
     bench.report["elapsed_s"] = time.time() - t_start
-    for line in format_report(bench.report):
+    for line in format_report(bench.report) + format_stub(bench.report.get("stub")):
         print(line)
     print("children's log: %s" % os.path.join(work, "children.log"))
     if args.json_out:

@@ -521,3 +521,44 @@ def test_prompt_tokens_per_request_and_their_report_lines():
         ["4", "1", "vllm", "|", "40", "0.950", "3.9", "|", "12.50", "20.00"]]
     # both formats at one level: the verdicts say which is which
     assert "C=4 text output tok/s" in text and "C=4 token_ids output tok/s" in text
+
+
+# --- the paced stub: a known TTFT to calibrate both tools against ---------------------------
+def test_paced_stub_delays_the_first_token_and_the_calibration_subtracts_it():
+    import urllib.request
+    args = bc.parse_args(["--vllm-python", sys.executable, "--model-dir", ROOT,
+                          "--stub-ttft-ms", "30", "--stub-itl-ms", "1", "--stub-processes", "1"])
+    url, procs = bc.start_paced_stub(args)
+    try:
+        body = json.dumps({"model": "stub", "prompt": [1, 2, 3], "max_tokens": 4,
+                           "stream": True}).encode()
+        firsts = []
+        for _unused in range(3):
+            t0 = time.perf_counter()
+            with urllib.request.urlopen(urllib.request.Request(
+                    url + "/v1/completions", body, {"Content-Type": "application/json"})) as r:
+                r.readline()  # the chunk-size line of the first token's event
+                firsts.append((time.perf_counter() - t0) * 1000.0)
+                rest = r.read()
+            assert rest.count(b'"text": " tok"') == 3 and b"[DONE]" in rest  # 4 tokens in all
+        assert min(firsts) >= 30.0, firsts  # paced: never before the set TTFT
+        report = {"levels": [{"concurrency": 1, "prompt_format": "token_ids", "runs": [
+            {"tool": "ours", "ok": True, "ttft_p50_ms": 40.0},
+            {"tool": "vllm", "ok": True, "ttft_p50_ms": 45.0},
+            {"tool": "vllm", "ok": False, "ttft_p50_ms": 1.0}]}]}
+        cal = bc.stub_calibration(args, url, report)
+    finally:
+        for p in procs:
+            p.terminate()
+    assert cal["requests"] == 3 and 30.0 <= cal["first_token_served_ms"] < min(firsts)
+    row = cal["levels"][0]
+    assert row["ours"]["bias_ms"] == pytest.approx(40.0 - cal["first_token_served_ms"])
+    assert row["vllm"]["ttft_p50_ms"] == 45.0  # the failed run is left out
+    lines = bc.format_stub(cal)
+    assert "calibration, not vLLM" in lines[1] and lines[-1].split()[:2] == ["1", "token_ids"]
+
+
+def test_stub_calibration_refuses_a_base_url():
+    with pytest.raises(SystemExit):
+        bc.parse_args(["--vllm-python", sys.executable, "--model-dir", ROOT,
+                       "--stub-ttft-ms", "5", "--base-url", "http://127.0.0.1:1"])
