@@ -187,8 +187,8 @@ def plan(settings, root, uv="uv", metadata=None, project_list=None, machine="x86
 
     compile_bytecode: ``uv pip install --compile-bytecode``: every module is compiled at install
     time. The venv belongs to root and the service user cannot write ``__pycache__`` there, so
-    without it each process of every start (API server, engine core, workers) compiles torch,
-    transformers and vLLM from source again.
+    without it each process of every start (API server, engine core, workers) compiles from
+    source whatever root's own import check did not load.
     """
     source = validate_source(settings, prefix=prefix, check_paths=check_paths)
     extras = _clean_list(extra_requirements, "extra_requirements", _REQ_RE, prefix)

@@ -109,7 +109,7 @@ options:
     description:
       - Pass C(--compile-bytecode) to C(uv pip install), so the modules are compiled once at
         install time. The service user cannot write C(__pycache__) into the venv, so without
-        it every process of every start compiles torch and vLLM from source.
+        it every process of every start compiles from source what root has not imported.
     type: bool
     default: true
   wheelhouse_wheels:
