@@ -708,8 +708,8 @@ def format_stub(cal):
                    cal["ttft_set_ms"], cal["first_token_served_ms"] or 0.0, cal["requests"],
                    cal["itl_set_ms"]),
            "bias = the tool's TTFT p50 (median over its runs) - the stub's measured delay",
-           "%5s %-9s | %12s %10s | %12s %10s" % ("C", "ours sent", "TTFT us", "bias us",
-                                                  "TTFT vl", "bias vl")]
+           "%5s %-9s | %12s %10s | %12s %10s" % (
+               "C", "ours sent", "TTFT us", "bias us", "TTFT vl", "bias vl")]
 
     def f(x):
         return "-" if x is None else "%.3f" % x
