@@ -161,6 +161,7 @@ def check_params(p):
     if p.get("processes") is not None and (not isinstance(p["processes"], int)
                                            or p["processes"] < 1):
         raise SweepError("processes must be an integer >= 1, got %r" % (p["processes"],))
+    check_load_generators(p)
     if p.get("precision_pct") is not None and not 0 < p["precision_pct"] < 100:
         raise SweepError("precision_pct must be in (0, 100) when given, got %r"
                          % (p["precision_pct"],))
@@ -169,6 +170,38 @@ def check_params(p):
                          % (p.get("duration_s"), p["max_duration_s"]))
     if p.get("vocab_size") is not None and p["vocab_size"] < 2:
         raise SweepError("vocab_size must be >= 2 when given, got %r" % (p["vocab_size"],))
+
+
+def check_load_generators(p):
+    """load_generators: a list of {host, port}; needs load_generator_authkey, excludes
+    processes > 1 (each agent is one client process; start more agents for more cores)."""
+    lgs = p.get("load_generators") or []
+    if not lgs:
+        return
+    if not isinstance(lgs, (list, tuple)):
+        raise SweepError("load_generators must be a list of {host, port}, got %r" % (lgs,))
+    seen = set()
+    for i, lg in enumerate(lgs):
+        if not isinstance(lg, dict) or not lg.get("host") or not isinstance(
+                lg.get("port"), int) or not 0 < lg["port"] < 65536:
+            raise SweepError("load_generators[%d] must be {host: <name or address>, port: "
+                             "<1-65535>}, got %r" % (i, lg))
+        key = (lg["host"], lg["port"])
+        if key in seen:
+            raise SweepError("load_generators[%d] repeats %s:%d" % (i, lg["host"], lg["port"]))
+        seen.add(key)
+    if not p.get("load_generator_authkey"):
+        raise SweepError("load_generators needs load_generator_authkey (the agents' secret)")
+    if int(p.get("processes") or 1) > 1:
+        raise SweepError("processes (%d) applies to a sweep without load_generators; each "
+                         "agent runs one client process (start more agents for more cores)"
+                         % p["processes"])
+    if len(lgs) > max(p.get("levels") or [1]):
+        raise SweepError("load_generators lists %d agents, more than the largest level (%d)"
+                         % (len(lgs), max(p.get("levels") or [1])))
+
+
+SECRET_PARAMS = ("api_key", "load_generator_authkey")
 
 
 def _headers(api_key):
@@ -204,6 +237,24 @@ class Sweep(object):
         self.pool = None  # worker processes (processes > 1), see run_sweep
         self.connections = {"opened": 0}
         self.children_cpu = 0.0
+
+    # --- agents (load_generators) -----------------------------------------------------------
+    AGENT_DROP = ("load_generators", "load_generator_authkey", "processes")
+
+    def agent_setup(self):
+        """What an agent needs to send this sweep's requests: the parameters (with api_key,
+        without the agents' key), the seed and what the preflight learned."""
+        p = dict((k, v) for k, v in self.p.items() if k not in self.AGENT_DROP)
+        p["seed"] = self.seed
+        p["vocab_size"] = self.vocab_size
+        return {"params": p, "text": self.text, "server": dict(self.server)}
+
+    @classmethod
+    def for_agent(cls, setup):
+        sweep = cls(setup["params"])
+        sweep.text = setup.get("text")
+        sweep.server = setup.get("server") or {}
+        return sweep
 
     # --- preflight -----------------------------------------------------------------------
     async def _get(self, url, timeout=10.0):
@@ -598,6 +649,8 @@ class Sweep(object):
         cfg = self.level_settings(conc)
         pool = self.pool
         shares = split_workers(conc, len(pool.conns))
+        clocks = pool.sync_clocks()  # agents: their clock offsets, just before the level
+        offsets = [c["offset_s"] for c in clocks] if clocks else [0.0] * len(pool.conns)
         before = await self.scrape()
         cpu_start = time.process_time()
         level_start = time.perf_counter()
@@ -613,36 +666,48 @@ class Sweep(object):
             except (EOFError, OSError) as e:
                 if not done.done():
                     done.set_exception(SweepError(
-                        "load-generator process %d ended during concurrency %d: %s"
-                        % (i, conc, type(e).__name__)))
+                        "%s ended during concurrency %d: %s" % (
+                            pool.names[i], conc, pool.died_hint(i, e))))
                 loop.remove_reader(conn.fileno())
                 return
             if msg[0] == "recs":
+                off = offsets[i]
                 for tup in msg[1]:
-                    state.feed(Record(*tup))
+                    state.feed(Record(*(map_record(tup, off) if off else tup)))
                 if state.stop and not stop_sent["on"]:
                     stop_sent["on"] = True
                     for c in pool.conns:
-                        c.send(("stop",))
+                        try:
+                            c.send(("stop",))
+                        except (OSError, EOFError):
+                            pass  # that one's reader reports it
             elif msg[0] == "end":
                 ends[i] = msg[1]
                 if len(ends) == len(pool.conns) and not done.done():
                     done.set_result(True)
             elif msg[0] == "error" and not done.done():
-                done.set_exception(SweepError("load-generator process %d: %s" % (i, msg[1])))
+                done.set_exception(SweepError("%s: %s" % (pool.names[i], msg[1])))
 
         gc_parent = _gc_quiet(self.p)
         first = 0
-        for i, conn in enumerate(pool.conns):
-            conn.send(("level", conc, shares[i], first, "%d/%d/%d" % (self.seed, conc, i)))
-            first += shares[i]
-            loop.add_reader(conn.fileno(), readable, i, conn)
-            os.set_blocking(conn.fileno(), True)  # uvloop made it non-blocking: whole messages
         try:
+            for i, conn in enumerate(pool.conns):
+                try:
+                    conn.send(("level", conc, shares[i], first,
+                               "%d/%d/%d" % (self.seed, conc, i)))
+                except (OSError, EOFError) as e:
+                    raise SweepError("%s ended before concurrency %d: %s"
+                                     % (pool.names[i], conc, pool.died_hint(i, e)))
+                first += shares[i]
+                loop.add_reader(conn.fileno(), readable, i, conn)
+                os.set_blocking(conn.fileno(), True)  # uvloop made it non-blocking: whole messages
             await done
         finally:
             for conn in pool.conns:
-                loop.remove_reader(conn.fileno())
+                try:
+                    loop.remove_reader(conn.fileno())
+                except (OSError, ValueError):
+                    pass
             _gc_restore(gc_parent)
         level_end = time.perf_counter()
         after = await self.scrape()
@@ -652,12 +717,18 @@ class Sweep(object):
         cpu_window = 0.0
         for i in range(len(pool.conns)):
             e = ends[i]
-            h = Sampler.from_samples(e["samples"]).health(w0, w1, i, shares[i])
+            samples = e["samples"]
+            if offsets[i]:
+                samples = [(t - offsets[i], lag, cpu) for t, lag, cpu in samples]
+            h = Sampler.from_samples(samples).health(w0, w1, i, shares[i])
+            if clocks:
+                h["host"] = pool.names[i]
+                h["clock"] = clocks[i]
             cpu_level += e["cpu_s_level"]
             self.children_cpu += e["cpu_s_level"]
             cpu_window += h["cpu_s_window"]
             procs.append(h)
-            limited.extend("process %d: %s" % (i, r) for r in h["client_limited_reasons"])
+            limited.extend("%s: %s" % (pool.names[i], r) for r in h["client_limited_reasons"])
         client = {
             "processes": len(pool.conns),
             "cpu_s_level": round(cpu_level, 4),
@@ -671,21 +742,33 @@ class Sweep(object):
             "per_process": procs,
             "gc": ends[0].get("gc"),
         }
+        if clocks:
+            client["load_generators"] = len(pool.conns)
+            client["clock_offset_error_ms_max"] = max(c["error_bound_ms"] for c in clocks)
         return self._finish_level(conc, cfg, state, client, before, after, level_start,
                                   level_end, w0, w1)
 
     # --- a worker process (processes > 1) ------------------------------------------------
-    async def child_serve(self, conn):
+    async def child_serve(self, conn, idle_s=None):
+        """Serve the parent's messages until "quit" (or, for an agent, a closed connection:
+        returns "quit" or "disconnect"; raises AgentIdle after ``idle_s`` without a message)."""
         loop = asyncio.get_running_loop()
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False)
         async with aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFSIZE,
                                          trace_configs=[self._trace()]) as s:
             self.session = s
             while True:
-                msg = await _recv(loop, conn)
-                if msg[0] == "quit":
-                    return
-                if msg[0] == "level":
+                try:
+                    msg = await asyncio.wait_for(_recv(loop, conn, eof=("eof",)), idle_s)
+                except asyncio.TimeoutError:
+                    raise AgentIdle("no message from the sweep for %s s (agent_timeout_s)"
+                                    % idle_s)
+                if msg[0] in ("quit", "eof"):
+                    return "quit" if msg[0] == "quit" else "disconnect"
+                if msg[0] == "ping":
+                    conn.send(("pong", time.perf_counter()))
+                elif msg[0] == "level":
+                    self.agent_levels = getattr(self, "agent_levels", 0) + 1
                     await self._child_level(loop, conn, *msg[1:])
 
     async def _child_level(self, loop, conn, conc, workers, first, seed):
@@ -822,11 +905,14 @@ class Sweep(object):
             "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
             "metrics_parser": PROMETHEUS_PARSER,
             "cpu_s_total": round(time.process_time() - cpu0 + self.children_cpu, 4),
-            "processes": int(self.p.get("processes") or 1),
+            "processes": (len(self.p.get("load_generators") or [])
+                          or int(self.p.get("processes") or 1)),
+            "load_generators": ["%s:%d" % (lg["host"], lg["port"])
+                                for lg in self.p.get("load_generators") or []],
             "loop_lag_limit_ms": LOOP_LAG_LIMIT_MS,
             "cpu_limit": CPU_LIMIT,
         }
-        params = dict((k, v) for k, v in self.p.items() if k != "api_key")
+        params = dict((k, v) for k, v in self.p.items() if k not in SECRET_PARAMS)
         params["seed"] = self.seed
         params["metrics_url"] = self.metrics_url
         return {"levels": levels, "headline": headline(levels), "stop_reason": stop_reason,
@@ -1061,6 +1147,13 @@ class Pool(object):
 
     FLUSH_S = 0.02
 
+    def sync_clocks(self):
+        """Forked workers share this process's clock: nothing to estimate."""
+        return None
+
+    def died_hint(self, i, exc):
+        return type(exc).__name__
+
     def __init__(self, sweep, n):
         ctx = multiprocessing.get_context("fork")
         self.conns, self.procs = [], []
@@ -1071,6 +1164,7 @@ class Pool(object):
             theirs.close()
             self.conns.append(mine)
             self.procs.append(proc)
+        self.names = ["load-generator process %d" % i for i in range(n)]
 
     def close(self):
         for c in self.conns:
@@ -1085,6 +1179,240 @@ class Pool(object):
                 p.join(timeout=5)
         for c in self.conns:
             c.close()
+
+
+# --- load-generator agents on other hosts (load_generators, mode agent) -------------------------
+AGENT_CONNECT_S = 60.0  # how long the sweep keeps trying to reach an agent that is starting
+CLOCK_PINGS = 8
+RECORD_TIME_FIELDS = (2, 3)  # start, end in _record_tuple; 4 is chunk_times
+
+
+class AgentIdle(SweepError):
+    """An agent waited agent_timeout_s for the sweep (to connect, or for its next message)."""
+
+
+def best_offset(pings):
+    """The clock offset of an agent from ping round trips ``(t_send, t_agent, t_recv)``
+    (t_send/t_recv on this clock, t_agent on the agent's): offset = t_agent - (t_send +
+    t_recv) / 2 of the round trip with the smallest RTT. The agent read its clock between
+    send and receive, so the true offset lies within +-RTT/2 of the estimate (error_bound)."""
+    if not pings:
+        raise ValueError("no ping round trips")
+    t_send, t_agent, t_recv = min(pings, key=lambda x: x[2] - x[0])
+    rtt = t_recv - t_send
+    return {"offset_s": t_agent - (t_send + t_recv) / 2.0, "rtt_ms": round(rtt * 1000.0, 3),
+            "error_bound_ms": round(rtt * 500.0, 3), "pings": len(pings)}
+
+
+def map_record(tup, offset):
+    """A record tuple from an agent with its times (start, end, chunk times) moved onto this
+    clock (agent time - offset). TTFT, ITL, TPOT and E2E are differences of the agent's own
+    times and come out the same; the offset only decides which window a request falls in."""
+    out = list(tup)
+    for k in RECORD_TIME_FIELDS:
+        if out[k] is not None:
+            out[k] = out[k] - offset
+    out[4] = [t - offset for t in (out[4] or [])]
+    return tuple(out)
+
+
+def agent_name(i, lg):
+    return "load generator %s:%d (load_generators[%d])" % (lg["host"], lg["port"], i)
+
+
+def connect_agent(i, lg, authkey, timeout_s=AGENT_CONNECT_S):
+    """A multiprocessing connection to the agent ``lg``; retried while it is still starting
+    (connection refused) for up to ``timeout_s``. Raises SweepError naming it."""
+    from multiprocessing.connection import Client
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return Client((lg["host"], lg["port"]), authkey=authkey)
+        except multiprocessing.AuthenticationError:
+            raise SweepError("%s refused the sweep: authentication failed (the agent was "
+                             "started with another load_generator_authkey)" % agent_name(i, lg))
+        except (OSError, EOFError) as e:
+            if time.monotonic() >= deadline:
+                raise SweepError("cannot reach %s within %d s: %s: %s (is the agent running "
+                                 "there, mode=agent, and the port open from here?)"
+                                 % (agent_name(i, lg), timeout_s, type(e).__name__, e))
+            time.sleep(0.25)
+
+
+class AgentPool(object):
+    """The agents of load_generators, connected and set up: used like Pool's forked workers
+    (the same messages), plus "ping" (clock offsets before every level) and "setup"."""
+
+    def __init__(self, sweep, lgs, authkey, connect_s=AGENT_CONNECT_S):
+        self.lgs = list(lgs)
+        self.names = [agent_name(i, lg) for i, lg in enumerate(self.lgs)]
+        self.conns = []
+        key = authkey.encode() if isinstance(authkey, str) else authkey
+        setup = sweep.agent_setup()
+        try:
+            for i, lg in enumerate(self.lgs):
+                conn = connect_agent(i, lg, key, connect_s)
+                self.conns.append(conn)
+                conn.send(("setup", setup))
+                reply = self._reply(i, 30.0)
+                if reply[0] != "ready":
+                    raise SweepError("%s: %s" % (self.names[i], reply[1] if len(reply) > 1
+                                                 else reply))
+        except BaseException:
+            self.close()
+            raise
+
+    def _reply(self, i, timeout):
+        conn = self.conns[i]
+        try:
+            if not conn.poll(timeout):
+                raise SweepError("%s did not answer within %d s" % (self.names[i], timeout))
+            return conn.recv()
+        except (OSError, EOFError) as e:
+            raise SweepError("%s closed the connection: %s" % (self.names[i],
+                                                                type(e).__name__))
+
+    def died_hint(self, i, exc):
+        return "the connection closed (%s): the agent or its host died, or it was stopped" % (
+            type(exc).__name__)
+
+    def sync_clocks(self, pings=CLOCK_PINGS):
+        """Each agent's clock offset (see best_offset), estimated now."""
+        out = []
+        for i, conn in enumerate(self.conns):
+            rounds = []
+            for _unused in range(pings):
+                t_send = time.perf_counter()
+                try:
+                    conn.send(("ping",))
+                except (OSError, EOFError) as e:
+                    raise SweepError("%s: %s" % (self.names[i], self.died_hint(i, e)))
+                reply = self._reply(i, 30.0)
+                t_recv = time.perf_counter()
+                if reply[0] != "pong":
+                    raise SweepError("%s answered a ping with %r" % (self.names[i], reply[0]))
+                rounds.append((t_send, reply[1], t_recv))
+            out.append(best_offset(rounds))
+        return out
+
+    def close(self):
+        for c in self.conns:
+            try:
+                c.send(("quit",))
+            except (OSError, EOFError):
+                pass
+            c.close()
+        self.conns = []
+
+
+def run_agent(listen_host, listen_port, authkey, timeout_s, event_loop="auto"):
+    """Serve one sweep as a load generator: listen (authenticated with ``authkey``), take the
+    first connection that authenticates, run its levels; return when it sends "quit" or
+    closes the connection, or after ``timeout_s`` without a connection or a message (between
+    levels). Returns what happened (never the key)."""
+    import threading
+    from multiprocessing.connection import Listener
+    if not HAS_AIOHTTP:
+        raise SweepError("aiohttp is not importable by %s" % sys.executable)
+    key = authkey.encode() if isinstance(authkey, str) else authkey
+    try:
+        listener = Listener((listen_host, listen_port), authkey=key)
+    except OSError as e:
+        raise SweepError("agent cannot listen on %s:%d (listen_host, listen_port): %s"
+                         % (listen_host, listen_port, e))
+    info = {"listen": "%s:%d" % (listen_host, listen_port), "auth_failures": 0,
+            "levels": 0, "ended": None}
+    got = {}
+
+    def accept():
+        while "conn" not in got:
+            try:
+                got["conn"] = listener.accept()
+            except multiprocessing.AuthenticationError:
+                info["auth_failures"] += 1
+            except (OSError, EOFError):
+                if got.get("closing"):
+                    return
+                info["auth_failures"] += 1  # dropped during the handshake
+    t0 = time.monotonic()
+    th = threading.Thread(target=accept, daemon=True)
+    th.start()
+    th.join(timeout_s)
+    got["closing"] = True
+    listener.close()
+    if "conn" not in got:
+        info["ended"] = "timeout"
+        raise AgentIdle("no sweep connected within %s s (agent_timeout_s); %d connection(s) "
+                        "failed to authenticate" % (timeout_s, info["auth_failures"]))
+    conn = got["conn"]
+    try:
+        if not conn.poll(timeout_s):
+            raise AgentIdle("the sweep connected but sent nothing within %s s "
+                            "(agent_timeout_s)" % timeout_s)
+        msg = conn.recv()
+        if msg[0] == "quit":
+            info["ended"] = "quit (stopped before any level)"
+            return info
+        if msg[0] != "setup":
+            raise SweepError("agent: expected setup from the sweep, got %r" % (msg[0],))
+        try:
+            sweep = Sweep.for_agent(msg[1])
+        except SweepError as e:
+            conn.send(("error", str(e)))
+            raise
+        conn.send(("ready",))
+        factory = loop_factory(event_loop or "auto")
+        coro = sweep.child_serve(conn, idle_s=timeout_s)
+        try:
+            if factory is None:
+                ended = asyncio.run(coro)
+            else:
+                with asyncio.Runner(loop_factory=factory) as runner:
+                    ended = runner.run(coro)
+        except (OSError, EOFError) as e:  # the sweep went away mid-level
+            ended = "disconnect (%s)" % type(e).__name__
+        except SweepError:
+            raise
+        except Exception as e:  # noqa: BLE001 - tell the sweep, then fail
+            try:
+                conn.send(("error", "%s: %s" % (type(e).__name__, e)))
+            except (OSError, EOFError):
+                pass
+            raise
+        info["ended"] = ended
+        info["levels"] = getattr(sweep, "agent_levels", 0)
+        info["event_loop"] = "uvloop" if factory is not None else "asyncio"
+        info["cpu_s"] = round(time.process_time(), 4)
+        info["served_s"] = round(time.monotonic() - t0, 3)
+        return info
+    finally:
+        conn.close()
+
+
+def stop_agents(lgs, authkey, timeout_s=5.0):
+    """Send "quit" to every agent that still waits for a sweep (a failed or skipped sweep):
+    returns per agent "stopped", or why not (already gone, busy with a sweep, refused)."""
+    from multiprocessing.connection import Client
+    key = authkey.encode() if isinstance(authkey, str) else authkey
+    out = []
+    for i, lg in enumerate(lgs):
+        name = "%s:%d" % (lg["host"], lg["port"])
+        try:
+            c = Client((lg["host"], lg["port"]), authkey=key)
+        except multiprocessing.AuthenticationError:
+            out.append({"agent": name, "result": "authentication failed"})
+            continue
+        except (OSError, EOFError) as e:
+            out.append({"agent": name, "result": "not listening (%s)" % type(e).__name__})
+            continue
+        try:
+            c.send(("quit",))
+            out.append({"agent": name, "result": "stopped"})
+        except (OSError, EOFError) as e:
+            out.append({"agent": name, "result": "gone (%s)" % type(e).__name__})
+        finally:
+            c.close()
+    return out
 
 
 def _child_main(sweep, conn, index):
@@ -1105,8 +1433,9 @@ def _child_main(sweep, conn, index):
             pass
 
 
-async def _recv(loop, conn):
-    """The next message on a multiprocessing connection, without blocking the loop."""
+async def _recv(loop, conn, eof=("quit",)):
+    """The next message on a multiprocessing connection, without blocking the loop (``eof``
+    when the other end closed it)."""
     fut = loop.create_future()
 
     def ready():
@@ -1114,7 +1443,7 @@ async def _recv(loop, conn):
             try:
                 fut.set_result(conn.recv())
             except (EOFError, OSError):
-                fut.set_result(("quit",))
+                fut.set_result(eof)
     loop.add_reader(conn.fileno(), ready)
     os.set_blocking(conn.fileno(), True)  # uvloop sets O_NONBLOCK; messages are read whole
     try:
@@ -1159,6 +1488,15 @@ def run_sweep(params, request_log_path=None):
             return asyncio.run(coro)
         with asyncio.Runner(loop_factory=factory) as runner:
             return runner.run(coro)
+    lgs = params.get("load_generators") or []
+    if lgs:  # the preflight here, then the agents get its outcome, then the levels
+        run(sweep.run_preflight())
+        sweep.pool = AgentPool(sweep, lgs, params["load_generator_authkey"])
+        try:
+            return run(sweep.run(log_path=request_log_path, preflight=False))
+        finally:
+            sweep.pool.close()
+            sweep.pool = None
     if n <= 1:
         return run(sweep.run(log_path=request_log_path))
     # several processes: the preflight first, then fork the workers (no event loop exists in
