@@ -72,22 +72,84 @@ description:
   - Before any level it checks C(GET /v1/models) (unreachable server or a model name not served
     fails here, listing the served names) and, with I(endpoint=completions), learns the
     vocabulary size from C(/v1/completions) unless I(vocab_size) is given (see I(vocab_size)).
+  - "Several load-generator hosts: with I(load_generators) the workers of a level are spread
+    over agents on other hosts (each started with I(mode=agent), one client process each),
+    instead of this process. The module connects to every agent (the TCP connection of
+    Python's C(multiprocessing.connection), authenticated by HMAC with
+    I(load_generator_authkey)), hands it the preflight's outcome (parameters with I(api_key),
+    seed, vocabulary or prompt words), and before each level estimates each agent's clock
+    offset from 8 ping round trips (offset = agent time - midpoint of the round trip with the
+    smallest RTT; the true offset is within +-RTT/2 of it, reported as
+    C(clock.error_bound_ms)). The agents stream their completed requests here, their times
+    mapped onto this host's clock, and the window rule is applied to the merged completions
+    as with I(processes); TTFT, TPOT, ITL and E2E are differences of one agent's own times,
+    so the offset only decides which window a request falls in. Every agent must reach
+    I(base_url)."
+  - "With I(mode=agent) the module is such an agent: it listens on I(listen_host):I(listen_port),
+    serves the first sweep that authenticates, and returns once the sweep sends quit or closes
+    the connection, or after I(agent_timeout_s) without a sweep connecting or without a
+    message between levels (run it with C(async) so it waits in the background). With
+    I(mode=stop_agents) it sends quit to the agents of I(load_generators) that still wait for
+    a sweep (cleanup after a failure)."
   - Needs C(aiohttp) importable by the Python that runs the module; vLLM depends on it, so
     setting C(ansible_python_interpreter) to the vLLM virtualenv's python works.
   - It only measures, so it always reports C(changed=false); the caller persists the facts.
     In check mode it sends nothing (a sweep loads the server for minutes) and returns
     C(skipped=true) with no facts.
 options:
+  mode:
+    description:
+      - C(sweep) runs the sweep (from this process, its I(processes), or the agents of
+        I(load_generators)).
+      - C(agent) serves one sweep as a load generator (see I(listen_port)).
+      - C(stop_agents) tells the agents of I(load_generators) that still wait to quit.
+    type: str
+    choices: [sweep, agent, stop_agents]
+    default: sweep
   base_url:
     description:
       - Base URL of the server, e.g. C(http://127.0.0.1:8000); a trailing C(/v1) (or C(/v1/))
         is accepted and dropped, so C(http://127.0.0.1:8000/v1) means the same server.
+      - Required with I(mode=sweep).
     type: str
-    required: true
   model:
-    description: Served model name (as listed by C(/v1/models)).
+    description: Served model name (as listed by C(/v1/models)). Required with I(mode=sweep).
     type: str
-    required: true
+  load_generators:
+    description:
+      - Agents (I(mode=agent), already started) that send the requests of every level, its
+        workers split over them as evenly as possible. At most as many as the largest level.
+        Not with I(processes) > 1 (each agent is one client process; start several agents
+        on a host with spare cores).
+    type: list
+    elements: dict
+    suboptions:
+      host:
+        description: Address or name of the agent's host, as this host reaches it.
+        type: str
+        required: true
+      port:
+        description: The agent's I(listen_port).
+        type: int
+        required: true
+  load_generator_authkey:
+    description:
+      - The secret the agents were started with (I(mode=agent)); random per run. Never logged
+        or returned. Required with I(load_generators) and I(mode=agent).
+    type: str
+  listen_host:
+    description: Address the agent listens on (I(mode=agent)).
+    type: str
+    default: 0.0.0.0
+  listen_port:
+    description: TCP port the agent listens on (I(mode=agent)).
+    type: int
+  agent_timeout_s:
+    description:
+      - I(mode=agent) returns (failed) when no sweep connected within this many seconds, or
+        when a connected sweep sent nothing for this long between levels.
+    type: float
+    default: 600
   api_key:
     description: Bearer token for the server, if it needs one. Never logged or returned.
     type: str
@@ -263,6 +325,28 @@ EXAMPLES = r"""
   vars:
     ansible_python_interpreter: /opt/vllm/venv/bin/python
 
+- name: Start a load-generator agent on each load-generator host
+  vllm_ops.deploy.vllm_sweep:
+    mode: agent
+    listen_port: 18500
+    load_generator_authkey: "{{ sweep_authkey }}"
+    agent_timeout_s: 600
+  delegate_to: "{{ item }}"
+  loop: [loadgen-1, loadgen-2]
+  async: 7200
+  poll: 0
+  register: agents
+
+- name: Sweep from both load generators
+  vllm_ops.deploy.vllm_sweep:
+    base_url: http://10.0.0.5:8000
+    model: tiny
+    levels: [64, 128, 256]
+    load_generators:
+      - {host: loadgen-1, port: 18500}
+      - {host: loadgen-2, port: 18500}
+    load_generator_authkey: "{{ sweep_authkey }}"
+
 - name: Sweep against SLOs, key from the environment
   vllm_ops.deploy.vllm_sweep:
     base_url: "https://llm.example.com"
@@ -293,7 +377,13 @@ ansible_facts:
             fraction, marked, prompt_tokens_total, lengths_seen), errors (message -> count), goodput (request_s, output_tok_s,
             fraction; null without SLOs), slo (met, breaks), client (cpu_s_level,
             cpu_s_window, cpu_util_window, cpu_ms_per_1k_output_tokens, loop_lag_ms,
-            client_limited, client_limited_reasons), timing (warmup_s, drain_s, level_s,
+            client_limited, client_limited_reasons, connections_opened, per_process
+            with processes > 1 or load_generators: one entry per client process with its
+            own cpu, loop lag and verdict; with load_generators also its host and its
+            clock (offset_s, rtt_ms, error_bound_ms, pings); load_generators and
+            clock_offset_error_ms_max with load_generators; CPU and connections are
+            summed over the processes, client_limited is true when any is, each reason
+            naming its process or agent), timing (warmup_s, drain_s, level_s,
             warmup_requests, min_requests), aborted, server_check (client_/server_ output and
             prompt tokens, output_diff, prompt_diff, match), saturation_signal.
           type: list
@@ -314,8 +404,9 @@ ansible_facts:
         client:
           description:
             - Python, aiohttp version, event loop, the /metrics parser (C(prometheus_client)
-              where the interpreter has it, else C(builtin)), total client CPU seconds, the
-              limits used.
+              where the interpreter has it, else C(builtin)), total client CPU seconds
+              (the agents' included), processes (the agents with I(load_generators)),
+              load_generators (host:port of each agent), the limits used.
           type: dict
         server:
           description: >-
@@ -332,6 +423,18 @@ skipped:
   description: True in check mode (nothing was sent).
   returned: check mode
   type: bool
+agent:
+  description: >-
+    I(mode=agent): listen (host:port), levels served, ended (C(quit), C(disconnect) or
+    C(quit (stopped before any level))), auth_failures (connections refused for a wrong key),
+    event_loop, cpu_s, served_s.
+  returned: success, mode agent
+  type: dict
+agents:
+  description: I(mode=stop_agents) - per agent (host:port) what happened (C(stopped), C(not listening (...)), ...).
+  returned: mode stop_agents
+  type: list
+  elements: dict
 """
 
 import sys
@@ -339,7 +442,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import (
-    HAS_AIOHTTP, SweepError, check_params, failure_message, run_sweep)
+    HAS_AIOHTTP, SweepError, check_params, failure_message, run_agent, run_sweep, stop_agents)
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import format_table
 
 
@@ -351,11 +454,44 @@ def base_url(url):
     return url
 
 
+def agent_modes(module, mode):
+    """mode agent (serve one sweep) and mode stop_agents; both exit the module."""
+    p = module.params
+    if module.check_mode:
+        module.exit_json(changed=False, skipped=True, msg="check mode: no agent started")
+    if mode == "stop_agents":
+        module.exit_json(changed=False, agents=stop_agents(p["load_generators"],
+                                                           p["load_generator_authkey"]))
+    if not HAS_AIOHTTP:
+        module.fail_json(msg="vllm_sweep mode=agent needs aiohttp, which %s cannot import; run "
+                             "the agent with a Python that has it (ansible_python_interpreter)"
+                             % sys.executable)
+    if p["agent_timeout_s"] <= 0:
+        module.fail_json(msg="agent_timeout_s must be > 0, got %r" % p["agent_timeout_s"])
+    try:
+        info = run_agent(p["listen_host"], p["listen_port"], p["load_generator_authkey"],
+                         p["agent_timeout_s"], p.get("event_loop") or "auto")
+    except SweepError as e:
+        module.fail_json(msg="agent on %s:%d: %s" % (p["listen_host"], p["listen_port"], e))
+    except Exception as e:  # noqa: BLE001 - say what failed, not a bare traceback
+        module.fail_json(msg="agent on %s:%d: %s" % (p["listen_host"], p["listen_port"],
+                                                     failure_message(e)),
+                         exception=traceback.format_exc())
+    module.exit_json(changed=False, agent=info)
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            base_url=dict(type="str", required=True),
-            model=dict(type="str", required=True),
+            mode=dict(type="str", default="sweep", choices=["sweep", "agent", "stop_agents"]),
+            base_url=dict(type="str"),
+            model=dict(type="str"),
+            load_generators=dict(type="list", elements="dict", options=dict(
+                host=dict(type="str", required=True), port=dict(type="int", required=True))),
+            load_generator_authkey=dict(type="str", no_log=True),
+            listen_host=dict(type="str", default="0.0.0.0"),
+            listen_port=dict(type="int"),
+            agent_timeout_s=dict(type="float", default=600),
             api_key=dict(type="str", no_log=True),
             levels=dict(type="list", elements="int", default=[1, 2, 4, 8, 16, 32, 64, 128]),
             input_len=dict(type="int", default=128),
@@ -382,9 +518,20 @@ def main():
             max_duration_s=dict(type="float"),
             gc_during_level=dict(type="bool", default=False),
         ),
+        required_if=[("mode", "sweep", ["base_url", "model"]),
+                     ("mode", "agent", ["listen_port", "load_generator_authkey"]),
+                     ("mode", "stop_agents", ["load_generators", "load_generator_authkey"])],
         supports_check_mode=True,
     )
+    mode = module.params["mode"]
+    if mode != "sweep":
+        agent_modes(module, mode)
     params = dict(module.params)
+    for key in ("mode", "listen_host", "listen_port", "agent_timeout_s"):
+        params.pop(key)
+    if not params.get("load_generators"):
+        params.pop("load_generators")
+        params.pop("load_generator_authkey")
     params["base_url"] = base_url(params["base_url"])
     log_path = params.pop("request_log_path")
     try:
