@@ -1269,8 +1269,8 @@ class AgentPool(object):
                 raise SweepError("%s did not answer within %d s" % (self.names[i], timeout))
             return conn.recv()
         except (OSError, EOFError) as e:
-            raise SweepError("%s closed the connection: %s" % (self.names[i],
-                                                                type(e).__name__))
+            raise SweepError("%s closed the connection: %s"
+                             % (self.names[i], type(e).__name__))
 
     def died_hint(self, i, exc):
         return "the connection closed (%s): the agent or its host died, or it was stopped" % (

@@ -67,9 +67,11 @@ def _inventory(s):
     doc = yaml_load(path)
     hosts = doc["all"]["children"]["vllm_hosts"]["hosts"]
     hosts[HOST].update(vllm_benchmark_python=LG_PYTHON, vllm_benchmark_agent_port=AGENT_PORT)
+    # the play's vllm_benchmark_python is the GPU host's (an extra var would win over the
+    # load generator's own, as extra vars win over every host's variables)
     doc["all"]["hosts"] = {
         "gpu": {"ansible_host": "127.0.0.1", "ansible_port": dead_port(),
-                "ansible_connection": "ssh"},
+                "ansible_connection": "ssh", "vllm_benchmark_python": VLLM_PYTHON},
         "loadgen": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
                     "vllm_benchmark_agent_port": LOCAL_AGENT_PORT},
     }
@@ -85,7 +87,7 @@ def _inventory(s):
 def _play(s, inv, extra):
     evars = {
         "vllm_benchmark_url": s["base"], "vllm_benchmark_model": "tiny",
-        "vllm_benchmark_api_key": API_KEY, "vllm_benchmark_python": VLLM_PYTHON,
+        "vllm_benchmark_api_key": API_KEY,
         "vllm_benchmark_delegate_to": "loadgen", "vllm_benchmark_levels": [2, 4],
         "vllm_benchmark_input_len": 32, "vllm_benchmark_output_len": 16,
         "vllm_benchmark_duration_s": 2, "vllm_benchmark_stop_on_saturation": False,
