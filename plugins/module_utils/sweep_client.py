@@ -42,6 +42,7 @@ import json
 import multiprocessing
 import os
 import random
+import socket
 import sys
 import time
 
@@ -1231,6 +1232,9 @@ def connect_agent(i, lg, authkey, timeout_s=AGENT_CONNECT_S):
         except multiprocessing.AuthenticationError:
             raise SweepError("%s refused the sweep: authentication failed (the agent was "
                              "started with another load_generator_authkey)" % agent_name(i, lg))
+        except socket.gaierror as e:
+            raise SweepError("cannot resolve the host of %s: %s (give its address)"
+                             % (agent_name(i, lg), e))
         except (OSError, EOFError) as e:
             if time.monotonic() >= deadline:
                 raise SweepError("cannot reach %s within %d s: %s: %s (is the agent running "
@@ -1389,21 +1393,32 @@ def run_agent(listen_host, listen_port, authkey, timeout_s, event_loop="auto"):
         conn.close()
 
 
-def stop_agents(lgs, authkey, timeout_s=5.0):
-    """Send "quit" to every agent that still waits for a sweep (a failed or skipped sweep):
-    returns per agent "stopped", or why not (already gone, busy with a sweep, refused)."""
+def stop_agents(lgs, authkey, wait_s=10.0):
+    """Send "quit" to every agent that still waits for a sweep (after a failed sweep): returns
+    per agent "stopped", or why not (not listening: gone, or serving a sweep, which ends it
+    by closing). An agent that refuses the connection may still be starting: retried for up
+    to ``wait_s`` in all."""
     from multiprocessing.connection import Client
     key = authkey.encode() if isinstance(authkey, str) else authkey
+    deadline = time.monotonic() + wait_s
     out = []
     for i, lg in enumerate(lgs):
         name = "%s:%d" % (lg["host"], lg["port"])
-        try:
-            c = Client((lg["host"], lg["port"]), authkey=key)
-        except multiprocessing.AuthenticationError:
-            out.append({"agent": name, "result": "authentication failed"})
-            continue
-        except (OSError, EOFError) as e:
-            out.append({"agent": name, "result": "not listening (%s)" % type(e).__name__})
+        while True:
+            try:
+                c = Client((lg["host"], lg["port"]), authkey=key)
+                break
+            except multiprocessing.AuthenticationError:
+                c = "authentication failed"
+                break
+            except (OSError, EOFError) as e:
+                if isinstance(e, ConnectionRefusedError) and time.monotonic() < deadline:
+                    time.sleep(0.25)
+                    continue
+                c = "not listening (%s)" % type(e).__name__
+                break
+        if isinstance(c, str):
+            out.append({"agent": name, "result": c})
             continue
         try:
             c.send(("quit",))

@@ -168,3 +168,23 @@ def test_role_refuses_a_load_generator_not_in_the_inventory(setup):
     flat = " ".join(out.split())
     assert "vllm_benchmark_load_generators must list inventory hosts" in flat
     assert "not in the inventory: nohost" in flat
+
+
+def test_role_stops_waiting_agents_when_the_sweep_fails(setup):
+    """The sweep fails in its preflight (no server there), before it connects to any agent:
+    the agents, waiting, are told to quit; nothing is left running or in the async files."""
+    s = setup
+    inv = _inventory(s)
+    rc, out, _unused = _play(s, inv, {"vllm_benchmark_load_generators": [HOST, "loadgen"],
+                                      "vllm_benchmark_url": "http://127.0.0.1:%d" % dead_port(),
+                                      "vllm_benchmark_force": True})
+    assert rc != 0
+    flat = " ".join(out.split())
+    assert "cannot reach the server at" in flat
+    assert "Tell the agents to quit that still wait for a sweep that failed" in flat
+    assert "Say which agents failed" in flat and "agent on " not in flat
+    assert not _listening(AGENT_PORT) and not _listening(LOCAL_AGENT_PORT)
+    left = subprocess.run(s["th"].ssh_base(SSH_PORT) + [
+        "ls -A /root/.ansible_async 2>/dev/null | wc -l; pgrep -fc '[v]llm_sweep' || true"],
+        capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert left == ["0", "0"], left

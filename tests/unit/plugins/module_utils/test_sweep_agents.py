@@ -267,14 +267,16 @@ def test_agent_without_a_sweep_gives_up_and_stop_ends_a_waiting_one(agents):
     lgs, procs = agents(1, timeout_s=30.0)
     deadline = time.monotonic() + 10
     while True:  # until it listens
-        got = stop_agents(lgs, KEY)
+        got = stop_agents(lgs, KEY, wait_s=0.1)
         if got[0]["result"] == "stopped" or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert got == [{"agent": "127.0.0.1:%d" % lgs[0]["port"], "result": "stopped"}]
     status, info = procs[0][1].get(timeout=20)
     assert status == "ok" and info["ended"].startswith("quit") and info["levels"] == 0
-    assert stop_agents(lgs, KEY)[0]["result"].startswith("not listening")
+    t0 = time.monotonic()
+    assert stop_agents(lgs, KEY, wait_s=0.5)[0]["result"].startswith("not listening")
+    assert time.monotonic() - t0 < 5
 
 
 def test_agent_idle_is_a_sweep_error_subclass():
