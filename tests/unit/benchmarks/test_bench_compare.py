@@ -550,7 +550,8 @@ def test_paced_stub_delays_the_first_token_and_the_calibration_subtracts_it():
     finally:
         for p in procs:
             p.terminate()
-    assert cal["requests"] == 3 and 30.0 <= cal["first_token_served_ms"] < min(firsts)
+    # the stub serves each first token before the client reads it: means compare, not minima
+    assert cal["requests"] == 3 and 30.0 <= cal["first_token_served_ms"] < sum(firsts) / 3
     row = cal["levels"][0]
     assert row["ours"]["bias_ms"] == pytest.approx(40.0 - cal["first_token_served_ms"])
     assert row["vllm"]["ttft_p50_ms"] == 45.0  # the failed run is left out
