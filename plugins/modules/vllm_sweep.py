@@ -191,11 +191,11 @@ options:
   stream_transport:
     description:
       - How the streaming requests travel. C(native) (the default) is the sweep's own HTTP/1.1
-        keep-alive client on C(asyncio.Protocol), one connection per worker: each arriving
+        keep-alive client on C(asyncio.Protocol), one connection per worker. Each arriving
         token chunk is parsed where the event loop hands over its bytes, with no task
-        wake-up per chunk, which roughly halves the client's CPU per token against C(aiohttp)
-        (tests/benchmarks/bench_client_ceiling.py compares the two in one run). C(http) and
-        C(https) base URLs (the system's trust store; C(SSL_CERT_FILE) honoured); no proxies.
+        wake-up per chunk, which costs less client CPU per token than C(aiohttp)
+        (tests/benchmarks/bench_client_ceiling.py measures the two side by side). C(http) and
+        C(https) base URLs (the system's trust store, C(SSL_CERT_FILE) honoured), no proxies.
       - C(aiohttp) sends them through the aiohttp session the preflight uses (proxies and
         other aiohttp behaviour); both apply the same SSE rules, and the results name the
         transport used (C(client.stream_transport)).
