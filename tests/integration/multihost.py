@@ -61,7 +61,7 @@ def loadgen_host(server):
         yield {"th": th, "tmp": tmp, "base": server["base"]}
     finally:
         t0 = time.monotonic()
-        th.destroy("vd-mh-")
+        th.destroy("vd-mh-", timeout=5)  # throwaway: killed after 5 s (its systemd takes > 30)
         print("multihost: %s destroyed in %.1f s" % (HOST, time.monotonic() - t0))
 
 
@@ -119,6 +119,19 @@ def _listening(port):
         return sk.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _left_on_host(th):
+    """Async job files and vllm_sweep processes left on the test host. async_wrapper's
+    watcher checks its job every 5 s, so it may outlive the job by that long."""
+    deadline = time.monotonic() + 15
+    while True:
+        left = subprocess.run(th.ssh_base(SSH_PORT) + [
+            "ls -A /root/.ansible_async 2>/dev/null | wc -l; pgrep -fc '[v]llm_sweep' || true"],
+            capture_output=True, text=True, timeout=60, check=True).stdout.split()
+        if left == ["0", "0"] or time.monotonic() > deadline:
+            return left
+        time.sleep(1)
+
+
 def test_role_sweeps_from_an_agent_over_ssh_and_a_local_one(loadgen_host):
     s = loadgen_host
     inv = _inventory(s)
@@ -159,9 +172,7 @@ def test_role_sweeps_from_an_agent_over_ssh_and_a_local_one(loadgen_host):
             set(range(lv["concurrency"]))
     # the agents ended with the sweep, their job files are gone
     assert not _listening(AGENT_PORT) and not _listening(LOCAL_AGENT_PORT)
-    left = subprocess.run(s["th"].ssh_base(SSH_PORT) + [
-        "ls -A /root/.ansible_async 2>/dev/null | wc -l; pgrep -fc '[v]llm_sweep' || true"],
-        capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    left = _left_on_host(s["th"])
     assert left == ["0", "0"], left
     print("multihost role run: %.1f s" % took)
 
@@ -193,7 +204,5 @@ def test_role_stops_waiting_agents_when_the_sweep_fails(loadgen_host):
     assert re.search(r"Say which agents failed or did not end\] \*+ skipping: \[gpu\]", flat), \
         out[-4000:]
     assert not _listening(AGENT_PORT) and not _listening(LOCAL_AGENT_PORT)
-    left = subprocess.run(s["th"].ssh_base(SSH_PORT) + [
-        "ls -A /root/.ansible_async 2>/dev/null | wc -l; pgrep -fc '[v]llm_sweep' || true"],
-        capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    left = _left_on_host(s["th"])
     assert left == ["0", "0"], left
