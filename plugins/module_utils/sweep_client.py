@@ -55,6 +55,11 @@ except ImportError:  # the module reports this with the interpreter's path
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import (
     PROMETHEUS_PARSER, Record, headline, percentile, precision, saturation_check,
     server_counters, server_cross_check, summarize_level)
+# A streamed token chunk of vLLM's OpenAI server holds a choice and no usage (vLLM 0.32 leaves
+# "usage" out of token chunks; others send "usage":null); such chunks are counted without
+# parsing their JSON (everything else is parsed). Escaped text cannot fake the marks.
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_stream import (  # noqa: F401
+    Endpoint, NativeClient, SSEStream, TOKEN_CHUNK_MARK, USAGE_MARK, USAGE_NULL)
 
 READ_BUFSIZE = 4 * 1024 * 1024
 LOOP_TICK_S = 0.01
@@ -62,12 +67,7 @@ LOOP_LAG_LIMIT_MS = 10.0
 CPU_LIMIT = 0.8
 VOCAB_PROBE_MAX = 1 << 21  # larger than any tokenizer's vocabulary
 PROBE_TIMEOUT_S = 60
-# A streamed token chunk of vLLM's OpenAI server holds a choice and no usage (vLLM 0.32 leaves
-# "usage" out of token chunks; others send "usage":null); such chunks are counted without
-# parsing their JSON (everything else is parsed). Escaped text cannot fake the marks.
-TOKEN_CHUNK_MARK = b'"choices":[{'
-USAGE_MARK = b'"usage":'
-USAGE_NULL = b'"usage":null'
+STREAM_TRANSPORTS = ("native", "aiohttp")
 PROMPT_FORMATS = ("token_ids", "text")
 # prompt_format text: candidate words (common English, and the words the project's tiny
 # tokenizer is trained on); the preflight keeps those that are one token after a space
@@ -156,6 +156,9 @@ def check_params(p):
     if fmt == "text" and p.get("endpoint") == "chat":
         raise SweepError("prompt_format=text applies to endpoint=completions (chat prompts are "
                          "always text, their length set by the chat template)")
+    if (p.get("stream_transport") or "native") not in STREAM_TRANSPORTS:
+        raise SweepError("stream_transport must be 'native' or 'aiohttp', got %r"
+                         % (p.get("stream_transport"),))
     if p.get("repeats") is not None and (not isinstance(p["repeats"], int) or p["repeats"] < 1):
         raise SweepError("repeats must be an integer >= 1, got %r" % (p["repeats"],))
     if p.get("processes") is not None and (not isinstance(p["processes"], int)
@@ -169,6 +172,11 @@ def check_params(p):
                          % (p.get("duration_s"), p["max_duration_s"]))
     if p.get("vocab_size") is not None and p["vocab_size"] < 2:
         raise SweepError("vocab_size must be >= 2 when given, got %r" % (p["vocab_size"],))
+    if p.get("base_url") is not None and (p.get("stream_transport") or "native") == "native":
+        try:
+            Endpoint(p["base_url"])
+        except ValueError as e:
+            raise SweepError(str(e))
 
 
 def _headers(api_key):
@@ -204,6 +212,7 @@ class Sweep(object):
         self.pool = None  # worker processes (processes > 1), see run_sweep
         self.connections = {"opened": 0}
         self.children_cpu = 0.0
+        self.native = None  # stream_transport native: the streaming connections (see _open)
 
     # --- preflight -----------------------------------------------------------------------
     async def _get(self, url, timeout=10.0):
@@ -435,81 +444,34 @@ class Sweep(object):
         return json.dumps(body).encode()
 
     async def request(self, rec, body):
-        url = self.base + ("/v1/chat/completions" if self.p["endpoint"] == "chat"
-                           else "/v1/completions")
-        timeout = aiohttp.ClientTimeout(total=self.p["request_timeout_s"])
-        last_ct = 0
-        usage = None
+        chat = self.p["endpoint"] == "chat"
+        path = "/v1/chat/completions" if chat else "/v1/completions"
         chunk_usage = bool(self.p.get("chunk_usage"))
+        if self.native is not None:
+            await self.native.stream(rec, path, body, self.p["request_timeout_s"], chat=chat,
+                                     chunk_usage=chunk_usage)
+            return
+        timeout = aiohttp.ClientTimeout(total=self.p["request_timeout_s"])
+        sse = SSEStream(rec, chat=chat, chunk_usage=chunk_usage)
         rec.start = time.perf_counter()
         try:
-            async with self.session.post(url, data=body, headers=self.headers,
+            async with self.session.post(self.base + path, data=body, headers=self.headers,
                                          timeout=timeout) as resp:
                 if resp.status != 200:
                     rec.error = "HTTP %d: %s" % (resp.status, _short(await resp.text(), 200))
                     return
-                buf = b""
-                done = False
-                chat = self.p["endpoint"] == "chat"
                 # read to the end of the body even after [DONE]: aiohttp closes a connection
                 # whose body was not read to its end, and the next request would then pay a
                 # new TCP connection (and the server's accept) inside its TTFT
                 async for data in resp.content.iter_any():
-                    if done:
-                        continue
-                    now = time.perf_counter()
-                    buf += data
-                    lines = buf.split(b"\n")
-                    buf = lines.pop()
-                    for line in lines:
-                        if not line.startswith(b"data:"):
-                            continue  # blank separators, comments, event names
-                        payload = line[5:].strip()
-                        if not chunk_usage and TOKEN_CHUNK_MARK in payload and (
-                                USAGE_MARK not in payload or USAGE_NULL in payload) and \
-                                not (chat and b'"role"' in payload):
-                            # a token chunk (a choice, no usage): no JSON parse needed
-                            rec.chunk_times.append(now)
-                            rec.chunk_tokens = None
-                            continue
-                        if payload == b"[DONE]":
-                            done = True
-                            break
-                        obj = json.loads(payload)
-                        if "error" in obj:
-                            rec.error = "stream error: %s" % _short(obj["error"], 200)
-                            return
-                        u = obj.get("usage")
-                        if obj.get("choices"):
-                            if u is not None:  # continuous usage: tokens in this chunk
-                                ct = u.get("completion_tokens") or 0
-                                if ct > last_ct:
-                                    rec.chunk_times.append(now)
-                                    if rec.chunk_tokens is not None:
-                                        rec.chunk_tokens.append(ct - last_ct)
-                                    last_ct = ct
-                            else:  # a token chunk; how many tokens it holds is unknown
-                                d = obj["choices"][0].get("delta")
-                                # (chat: not the opening chunk that only names the role)
-                                if d is None or "role" not in d or d.get("content"):
-                                    rec.chunk_times.append(now)
-                                    rec.chunk_tokens = None
-                        elif u is not None:
-                            usage = u
+                    sse.feed(data, time.perf_counter())
         except asyncio.TimeoutError:
             rec.error = "timeout after %ss (request_timeout_s)" % self.p["request_timeout_s"]
         except (aiohttp.ClientError, OSError, ValueError) as e:
             rec.error = "%s: %s" % (type(e).__name__, _short(e, 200))
         finally:
             rec.end = time.perf_counter()
-        if rec.error is None:
-            if usage is None:
-                rec.error = "stream ended without a usage report"
-            else:
-                rec.completion_tokens = usage.get("completion_tokens")
-                rec.prompt_tokens = usage.get("prompt_tokens")
-                if not rec.chunk_times:
-                    rec.error = "no token chunk received"
+        sse.finish()
 
     # --- one level -----------------------------------------------------------------------
     def level_settings(self, conc):
@@ -681,12 +643,16 @@ class Sweep(object):
         async with aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFSIZE,
                                          trace_configs=[self._trace()]) as s:
             self.session = s
-            while True:
-                msg = await _recv(loop, conn)
-                if msg[0] == "quit":
-                    return
-                if msg[0] == "level":
-                    await self._child_level(loop, conn, *msg[1:])
+            self._open_native()
+            try:
+                while True:
+                    msg = await _recv(loop, conn)
+                    if msg[0] == "quit":
+                        return
+                    if msg[0] == "level":
+                        await self._child_level(loop, conn, *msg[1:])
+            finally:
+                self._close_native()
 
     async def _child_level(self, loop, conn, conc, workers, first, seed):
         p = self.p
@@ -743,6 +709,20 @@ class Sweep(object):
                            "connections_opened": self.connections["opened"] - opened0,
                            "gc": gc_info}))
 
+    def _open_native(self):
+        """stream_transport native: the requests' own keep-alive connections (sweep_stream)."""
+        if (self.p.get("stream_transport") or "native") != "native":
+            return
+
+        def opened():
+            self.connections["opened"] += 1
+        self.native = NativeClient(self.base, self.headers, on_open=opened)
+
+    def _close_native(self):
+        if self.native is not None:
+            self.native.close()
+            self.native = None
+
     def _trace(self):
         trace = aiohttp.TraceConfig()
 
@@ -773,6 +753,7 @@ class Sweep(object):
             cpu0 = time.process_time()
             if preflight:
                 await self.preflight()
+            self._open_native()
             log = None
             if log_path:
                 try:
@@ -782,6 +763,7 @@ class Sweep(object):
             try:
                 return await self._levels(log, cpu0, log_path)
             finally:
+                self._close_native()
                 if log is not None:
                     log.close()  # write_log flushed every level: nothing is left to fail
 
@@ -819,6 +801,7 @@ class Sweep(object):
             "python": sys.executable,
             "python_version": "%d.%d.%d" % sys.version_info[:3],
             "aiohttp_version": aiohttp.__version__,
+            "stream_transport": self.p.get("stream_transport") or "native",
             "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
             "metrics_parser": PROMETHEUS_PARSER,
             "cpu_s_total": round(time.process_time() - cpu0 + self.children_cpu, 4),

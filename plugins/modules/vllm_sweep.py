@@ -188,6 +188,20 @@ options:
     type: str
     choices: [auto, asyncio, uvloop]
     default: auto
+  stream_transport:
+    description:
+      - How the streaming requests travel. C(native) (the default) is the sweep's own HTTP/1.1
+        keep-alive client on C(asyncio.Protocol), one connection per worker. Each arriving
+        token chunk is parsed where the event loop hands over its bytes, with no task
+        wake-up per chunk, which costs less client CPU per token than C(aiohttp)
+        (tests/benchmarks/bench_client_ceiling.py measures the two side by side). C(http) and
+        C(https) base URLs (the system's trust store, C(SSL_CERT_FILE) honoured), no proxies.
+      - C(aiohttp) sends them through the aiohttp session the preflight uses (proxies and
+        other aiohttp behaviour); both apply the same SSE rules, and the results name the
+        transport used (C(client.stream_transport)).
+    type: str
+    choices: [native, aiohttp]
+    default: native
   vocab_size:
     description:
       - Token ids for prompts are drawn from C([0, vocab_size)).
@@ -313,7 +327,7 @@ ansible_facts:
           type: dict
         client:
           description:
-            - Python, aiohttp version, event loop, the /metrics parser (C(prometheus_client)
+            - Python, aiohttp version, event loop, stream transport, the /metrics parser (C(prometheus_client)
               where the interpreter has it, else C(builtin)), total client CPU seconds, the
               limits used.
           type: dict
@@ -376,6 +390,7 @@ def main():
             vocab_size=dict(type="int"),
             chunk_usage=dict(type="bool", default=False),
             event_loop=dict(type="str", default="auto", choices=["auto", "asyncio", "uvloop"]),
+            stream_transport=dict(type="str", default="native", choices=["native", "aiohttp"]),
             processes=dict(type="int", default=1),
             repeats=dict(type="int", default=1),
             precision_pct=dict(type="float"),

@@ -43,7 +43,7 @@ def _chunk(data):
 
 
 def _event(obj):
-    return _chunk(b"data: " + json.dumps(obj, separators=(", ", ": ")).encode() + b"\n\n")
+    return _chunk(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
 
 
 class StubProtocol(asyncio.Protocol):
@@ -211,13 +211,14 @@ def start_stub(processes, tokens_per_write=1, ttft_s=0.0, itl_s=0.0):
 
 
 # --- one client run --------------------------------------------------------------------------
-def run_client(url, processes, concurrency, duration_s, output_len, input_len, gc_on=False):
+def run_client(url, processes, concurrency, duration_s, output_len, input_len, gc_on=False,
+               transport="native"):
     from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import run_sweep
     params = {"base_url": url, "model": MODEL, "levels": [concurrency], "input_len": input_len,
               "output_len": output_len, "duration_s": duration_s, "request_timeout_s": 120,
               "saturation_threshold": 0.1, "stop_on_saturation": False,
               "endpoint": "completions", "vocab_size": 1000, "processes": processes,
-              "event_loop": "auto", "gc_during_level": gc_on}
+              "event_loop": "auto", "gc_during_level": gc_on, "stream_transport": transport}
     res = run_sweep(params)
     lv = res["levels"][0]
     chk = lv["server_check"]
@@ -225,7 +226,7 @@ def run_client(url, processes, concurrency, duration_s, output_len, input_len, g
     tokens_total = chk.get("client_output_tokens")
     cpu = cl["cpu_s_level"]
     return {
-        "processes": processes, "concurrency": concurrency,
+        "processes": processes, "concurrency": concurrency, "transport": transport,
         "output_tok_s": lv["output_tok_s"],
         "whole_run_tok_s": lv["whole_run"]["output_tok_s"],
         "client_cpu_s": cpu, "level_s": lv["timing"]["level_s"],
@@ -252,20 +253,25 @@ def main(argv=None):
     ap.add_argument("--gc-during-level", action="store_true",
                     help="leave Python's garbage collector on during the level (the client's "
                          "default switches it off); GC pauses are reported either way")
+    ap.add_argument("--transports", default="native,aiohttp",
+                    help="vllm_sweep stream_transport values to run, side by side: each process "
+                         "count runs with each transport in turn, against the same stub")
     ap.add_argument("--json-out")
     args = ap.parse_args(argv)
     counts = [int(x) for x in args.processes.split(",")]
+    transports = [t for t in args.transports.split(",") if t]
     url, procs = start_stub(args.server_processes, args.tokens_per_write)
     rows = []
     try:
         for n in counts:
-            rows.append(run_client(url, n, args.concurrency, args.duration_s, args.output_len,
-                                   args.input_len, args.gc_during_level))
-            r = rows[-1]
-            print("processes %d: %.0f tok/s (window), %.0f tok/s per client CPU-s, lag p99 "
-                  "%.1f ms%s" % (n, r["output_tok_s"], r["tok_per_cpu_s"] or 0,
-                                 r["lag_p99_ms"], " client-limited" if r["client_limited"]
-                                 else ""), flush=True)
+            for t in transports:
+                rows.append(run_client(url, n, args.concurrency, args.duration_s,
+                                       args.output_len, args.input_len, args.gc_during_level, t))
+                r = rows[-1]
+                print("processes %d, %s: %.0f tok/s (window), %.0f tok/s per client CPU-s, lag "
+                      "p99 %.1f ms%s" % (n, t, r["output_tok_s"], r["tok_per_cpu_s"] or 0,
+                                         r["lag_p99_ms"], " client-limited"
+                                         if r["client_limited"] else ""), flush=True)
     finally:
         for p in procs:
             p.terminate()
@@ -275,20 +281,31 @@ def main(argv=None):
           "window %g s, %d cores here, loop %s" % (
               args.server_processes, args.tokens_per_write, args.concurrency, args.output_len,
               args.duration_s, os.cpu_count() or 0, rows[0]["event_loop"] if rows else "-"))
-    print("%9s %11s %11s %9s %13s %9s %8s %7s %12s %14s" % (
-        "processes", "tok/s win", "tok/s run", "cpu_s", "tok/s/core", "lag p99", "limited",
+    print("%9s %9s %11s %11s %9s %13s %9s %8s %7s %12s %14s" % (
+        "processes", "transport", "tok/s win", "tok/s run", "cpu_s", "tok/s/core", "lag p99", "limited",
         "conns", "tokens=srv", "gc n/max ms"))
     for r in rows:
         g = r.get("gc") or {}
-        print("%9d %11.0f %11.0f %9.2f %13.0f %9.1f %8s %7s %12s %14s" % (
-            r["processes"], r["output_tok_s"], r["whole_run_tok_s"] or 0, r["client_cpu_s"],
+        print("%9d %9s %11.0f %11.0f %9.2f %13.0f %9.1f %8s %7s %12s %14s" % (
+            r["processes"], r["transport"], r["output_tok_s"], r["whole_run_tok_s"] or 0, r["client_cpu_s"],
             r["tok_per_cpu_s"] or 0, r["lag_p99_ms"], "yes" if r["client_limited"] else "no",
             r["connections_opened"], r["tokens_match"],
             "%s/%s" % (g.get("collections", "-"), g.get("pause_ms_max", "-"))))
-    if rows and rows[0]["output_tok_s"]:
-        print("scaling (tok/s vs 1 process): %s" % ", ".join(
-            "%dp %.2fx" % (r["processes"], r["output_tok_s"] / rows[0]["output_tok_s"])
-            for r in rows))
+    for t in transports:
+        mine = [r for r in rows if r["transport"] == t]
+        if mine and mine[0]["output_tok_s"]:
+            print("scaling, %s (tok/s vs %d process): %s" % (t, mine[0]["processes"], ", ".join(
+                "%dp %.2fx" % (r["processes"], r["output_tok_s"] / mine[0]["output_tok_s"])
+                for r in mine)))
+    if len(transports) > 1:
+        base = transports[-1]
+        for n in counts:
+            ref = [r for r in rows if r["processes"] == n and r["transport"] == base]
+            for t in transports[:-1]:
+                got = [r for r in rows if r["processes"] == n and r["transport"] == t]
+                if ref and got and ref[0]["tok_per_cpu_s"] and got[0]["tok_per_cpu_s"]:
+                    print("%d process(es): %s / %s client CPU per token = %.3f" % (
+                        n, t, base, ref[0]["tok_per_cpu_s"] / got[0]["tok_per_cpu_s"]))
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"args": vars(args), "rows": rows}, f, indent=2)

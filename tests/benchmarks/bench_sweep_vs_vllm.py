@@ -197,6 +197,7 @@ def ours_record(result, cpu_s, wall_s, before=None, after=None, definition="stea
         "request_s": lv.get("request_s"), "window_s": lv.get("window_s"),
         "seed": (result.get("parameters") or {}).get("seed"),
         "event_loop": (result.get("client") or {}).get("event_loop"),
+        "stream_transport": (result.get("client") or {}).get("stream_transport"),
         "prompt_format": (result.get("server") or {}).get("prompt_format"),
         "client_prompt_tokens": sc.get("client_prompt_tokens"),
         "server_prompt_tokens": server_delta(before, after, "prompt_tokens"),
@@ -744,6 +745,8 @@ def ours_params(args, base, concurrency, vocab_size, seed, **over):
         p["chunk_usage"] = True
     if getattr(args, "event_loop", None):
         p["event_loop"] = args.event_loop
+    if getattr(args, "stream_transport", None):
+        p["stream_transport"] = args.stream_transport
     p["prompt_format"] = getattr(args, "prompt_format", None) or "token_ids"
     if p["prompt_format"] == "both":
         p["prompt_format"] = "text"
@@ -1135,6 +1138,8 @@ def parse_args(argv):
                     help="vocab_size for our client (skips its vocabulary probe)")
     ap.add_argument("--event-loop", choices=["auto", "asyncio", "uvloop"],
                     help="our client's event loop (event_loop; default auto)")
+    ap.add_argument("--stream-transport", choices=["native", "aiohttp"],
+                    help="our client's streaming transport (stream_transport; default native)")
     ap.add_argument("--chunk-usage", action="store_true",
                     help="our client asks for running usage in every chunk (chunk_usage)")
     ap.add_argument("--time-budget-s", type=float,

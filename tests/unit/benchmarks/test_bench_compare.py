@@ -540,7 +540,7 @@ def test_paced_stub_delays_the_first_token_and_the_calibration_subtracts_it():
                 r.readline()  # the chunk-size line of the first token's event
                 firsts.append((time.perf_counter() - t0) * 1000.0)
                 rest = r.read()
-            assert rest.count(b'"text": " tok"') == 3 and b"[DONE]" in rest  # 4 tokens in all
+            assert rest.count(b'"text":" tok"') == 3 and b"[DONE]" in rest  # 4 tokens in all
         assert min(firsts) >= 30.0, firsts  # paced: never before the set TTFT
         report = {"levels": [{"concurrency": 1, "prompt_format": "token_ids", "runs": [
             {"tool": "ours", "ok": True, "ttft_p50_ms": 40.0},
@@ -550,7 +550,8 @@ def test_paced_stub_delays_the_first_token_and_the_calibration_subtracts_it():
     finally:
         for p in procs:
             p.terminate()
-    assert cal["requests"] == 3 and 30.0 <= cal["first_token_served_ms"] < min(firsts)
+    # the stub serves each first token before the client reads it: means compare, not minima
+    assert cal["requests"] == 3 and 30.0 <= cal["first_token_served_ms"] < sum(firsts) / 3
     row = cal["levels"][0]
     assert row["ours"]["bias_ms"] == pytest.approx(40.0 - cal["first_token_served_ms"])
     assert row["vllm"]["ttft_p50_ms"] == 45.0  # the failed run is left out
