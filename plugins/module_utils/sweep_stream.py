@@ -28,6 +28,9 @@ try:
 except ImportError:  # pragma: no cover - Python 2 is not supported by the sweep
     urlsplit = None
 
+# A streamed token chunk of vLLM's OpenAI server holds a choice and no usage (vLLM 0.32 leaves
+# "usage" out of token chunks; others send "usage":null); such chunks are counted without
+# parsing their JSON (everything else is parsed). Escaped text cannot fake the marks.
 TOKEN_CHUNK_MARK = b'"choices":[{'
 USAGE_MARK = b'"usage":'
 USAGE_NULL = b'"usage":null'
