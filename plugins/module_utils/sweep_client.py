@@ -56,11 +56,9 @@ except ImportError:  # the module reports this with the interpreter's path
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import (
     PROMETHEUS_PARSER, Record, headline, percentile, precision, saturation_check,
     server_counters, server_cross_check, summarize_level)
-# A streamed token chunk of vLLM's OpenAI server holds a choice and no usage (vLLM 0.32 leaves
-# "usage" out of token chunks; others send "usage":null); such chunks are counted without
-# parsing their JSON (everything else is parsed). Escaped text cannot fake the marks.
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_stream import (  # noqa: F401
-    Endpoint, NativeClient, SSEStream, TOKEN_CHUNK_MARK, USAGE_MARK, USAGE_NULL)
+# the streaming hot path (the SSE rules, the native transport): sweep_stream
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_stream import (
+    Endpoint, NativeClient, SSEStream)
 
 READ_BUFSIZE = 4 * 1024 * 1024
 LOOP_TICK_S = 0.01

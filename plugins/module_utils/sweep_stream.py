@@ -22,12 +22,11 @@ import json
 import socket
 import ssl
 import time
+from urllib.parse import urlsplit
 
-try:
-    from urllib.parse import urlsplit
-except ImportError:  # pragma: no cover - Python 2 is not supported by the sweep
-    urlsplit = None
-
+# A streamed token chunk of vLLM's OpenAI server holds a choice and no usage (vLLM 0.32 leaves
+# "usage" out of token chunks; others send "usage":null); such chunks are counted without
+# parsing their JSON (everything else is parsed). Escaped text cannot fake the marks.
 TOKEN_CHUNK_MARK = b'"choices":[{'
 USAGE_MARK = b'"usage":'
 USAGE_NULL = b'"usage":null'
@@ -268,10 +267,9 @@ class StreamConnection(asyncio.Protocol):
     def _body(self, data, now):
         resp = self.resp
         if resp.status == 200:
-            if resp.sse.feed(data, now):
-                # the stream is over ([DONE] or an error event): what follows is the body's
-                # end, read on so that the connection can carry the next request
-                pass
+            # after [DONE] (or an error event) feed() ignores the rest; the body is still read
+            # to its end, so that the connection can carry the next request
+            resp.sse.feed(data, now)
         elif len(resp.error_body) < 4096:
             resp.error_body += data[:4096]
 

@@ -25,8 +25,13 @@ the shared network first, then move the host into its namespace). `destroy` remo
 namespaces of the hosts it removes, and the bridge once no host uses it.
 
 State (rootfs cache, machines, SSH key, shared pip/uv caches) lives under $VD_CACHE_DIR
-(default /var/cache/vllm-deploy). The directory pip's find-links points at (if any) is
-offered to the host read-only as /srv/wheelhouse. The hosts get no extra CA certificates
+(default /var/cache/vllm-deploy). The hosts also share vLLM's compile cache (VLLM_CACHE_ROOT
+of the default service home, /var/lib/vllm/.cache/vllm: torch.compile artifacts and the C++
+kernels inductor built for them, keyed by vLLM/torch version, source, config and compiler
+command): a host's first start of a model another host (or an earlier run) already served
+with the same venv path and flags loads the kernels instead of compiling them again. The
+directory pip's find-links points at (if any) is offered to the host read-only as
+/srv/wheelhouse. The hosts get no extra CA certificates
 here: `machine_ca_certs` lists this machine's, and the inventory hands them to the
 host_prep role (the same feature real hosts behind a TLS-inspecting proxy use).
 """
@@ -53,7 +58,11 @@ KEY = os.path.join(SSH_DIR, "id_ed25519")
 SHARED_CACHES = {  # host path -> path inside the test host
     os.path.join(CACHE, "host-cache", "pip"): "/root/.cache/pip",
     os.path.join(CACHE, "host-cache", "uv"): "/root/.cache/uv",
+    # Written by the service user (whose uid is the same on every host: the same rootfs, the
+    # same host_prep), so world-writable with the sticky bit, like /tmp.
+    os.path.join(CACHE, "host-cache", "vllm-compile"): "/var/lib/vllm/.cache/vllm",
 }
+STICKY_SHARED = {os.path.join(CACHE, "host-cache", "vllm-compile")}
 WHEELHOUSE_IN_HOST = "/srv/wheelhouse"
 ROOTFS_VERSION = "5"  # bump when the package list changes
 PACKAGES = [
@@ -347,6 +356,8 @@ def create(name, port, memory=None, timeout=120, netns_address=None, bridge=DEFA
         args.append("--network-namespace-path=/run/netns/%s" % name)
     for host_path, guest_path in SHARED_CACHES.items():
         os.makedirs(host_path, exist_ok=True)
+        if host_path in STICKY_SHARED:
+            os.chmod(host_path, 0o1777)
         args.append("--bind=%s:%s" % (host_path, guest_path))
     wheelhouse = pip_find_links()
     if wheelhouse:

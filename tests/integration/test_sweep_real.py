@@ -14,8 +14,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -595,17 +598,53 @@ def test_correctness_of_the_same_server_twice_is_an_exact_match(server):
 
 @pytest.fixture(scope="module")
 def penalized_server(server):
-    """The same model and weights, served with a generation-config override that changes
-    greedy outputs (a repetition penalty applies to every request that does not set one):
-    the kind of wrong knob a correctness gate must catch."""
-    port = free_port()
-    with vllm_server(server["tmp"], server["model"], port, "vllm-penalized.log",
-                     ["--override-generation-config", '{"repetition_penalty": 2.0}']) as base:
-        yield base
+    """The same server, reached through a proxy that adds a repetition penalty to every
+    /v1/completions request that does not set one (what vLLM's --override-generation-config
+    '{"repetition_penalty": 2.0}' does, without starting a second server): the real engine
+    then decodes differently, the kind of wrong knob a correctness gate must catch. Yields
+    the proxy's base URL and the bodies it forwarded."""
+    forwarded = []
+
+    class Penalize(BaseHTTPRequestHandler):
+        def _forward(self, data=None):
+            req = urllib.request.Request(server["base"] + self.path, data=data, method=self.command,
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=120) as r:
+                    status, raw = r.status, r.read()
+            except urllib.error.HTTPError as e:
+                status, raw = e.code, e.read()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_GET(self):
+            self._forward()
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/v1/completions":
+                body.setdefault("repetition_penalty", 2.0)
+                forwarded.append(body)
+            self._forward(json.dumps(body).encode())
+
+        def log_message(self, *args):
+            pass
+
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), Penalize)
+    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield {"base": "http://127.0.0.1:%d" % proxy.server_address[1], "forwarded": forwarded}
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
 
 
 def test_correctness_detects_a_server_that_decodes_differently(server, penalized_server):
-    res, _unused = run_module({"base_url": penalized_server, "model": "tiny",
+    res, _unused = run_module({"base_url": penalized_server["base"], "model": "tiny",
                                "reference_base_url": server["base"], "max_tokens": 16,
                                "prompts": ["the model token server", [5, 6, 7, 8, 9, 10]],
                                "fail_on_mismatch": True}, module=CORRECTNESS)
@@ -616,6 +655,10 @@ def test_correctness_detects_a_server_that_decodes_differently(server, penalized
     assert c["token_match_rate"] < 0.9 and c["exact_match_prompts"] < 2, c
     assert result["reference"]["endpoint"] == server["base"]
     assert len(result["reference_outputs"]) == 2
+    # the check's own greedy requests reached the engine, with the penalty as the only change
+    sent = penalized_server["forwarded"]
+    assert len(sent) == 2, sent
+    assert all(b["repetition_penalty"] == 2.0 and b["temperature"] == 0.0 for b in sent), sent
 
 
 # --- several load-generator hosts: tests/integration/multihost.py, collected here (one server)

@@ -4,7 +4,9 @@ without building another venv. A .pth line `import vd_gate_regression; vd_gate_r
 runs it at every interpreter start of that venv (API server and engine core processes):
 
 * "slow": every engine step sleeps 50 ms first (a nightly that serves several times slower);
-* "decode": greedy sampling picks the second-best token (a nightly that decodes wrongly).
+* "decode": greedy sampling picks the second-best token (a nightly that decodes wrongly);
+* "crash": the engine core raises while it starts (a nightly that installs and imports but
+  cannot serve: the API server exits, systemd restarts it, it never becomes ready).
 
 It hooks the vLLM module when it is first imported, so nothing else of the venv changes.
 """
@@ -13,7 +15,9 @@ import importlib.util
 import sys
 import time
 
-_TARGETS = {"slow": "vllm.v1.engine.core", "decode": "vllm.v1.sample.sampler"}
+_TARGETS = {"slow": "vllm.v1.engine.core", "decode": "vllm.v1.sample.sampler",
+            "crash": "vllm.v1.engine.core"}
+CRASH_MESSAGE = "vd_gate_regression: injected crash while the engine core starts"
 
 
 def _patch(mode, mod):
@@ -25,6 +29,10 @@ def _patch(mode, mod):
                 time.sleep(0.05)
                 return _orig(self, *a, **k)
             setattr(mod.EngineCore, name, slow)
+    elif mode == "crash":
+        def crash(self, *a, **k):
+            raise RuntimeError(CRASH_MESSAGE)
+        mod.EngineCore.__init__ = crash
     else:
         mod.Sampler.greedy_sample = staticmethod(
             lambda logits: logits.topk(2, dim=-1).indices[:, 1].contiguous())
@@ -51,5 +59,5 @@ class _Hook(importlib.abc.MetaPathFinder):
 
 def install(mode):
     if mode not in _TARGETS:
-        raise ValueError("vd_gate_regression mode must be slow or decode, got %r" % (mode,))
+        raise ValueError("vd_gate_regression mode must be slow, decode or crash, got %r" % (mode,))
     sys.meta_path.insert(0, _Hook(mode))

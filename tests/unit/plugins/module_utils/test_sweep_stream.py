@@ -146,8 +146,8 @@ def test_endpoint_refuses_what_is_not_an_http_url_and_keeps_a_path_prefix():
     with pytest.raises(ValueError, match="base_url"):
         Endpoint("ftp://h/")
     ep = Endpoint("http://user@h.example:9000/proxy/")
-    assert (ep.host, ep.port, ep.prefix, ep.host_header) == ("h.example", 9000, "/proxy",
-                                                              "h.example:9000")
+    assert (ep.host, ep.port, ep.prefix, ep.host_header) == (
+        "h.example", 9000, "/proxy", "h.example:9000")
     head = ep.head("/v1/completions", {"Authorization": "Bearer x"}, 12)
     assert head.startswith(b"POST /proxy/v1/completions HTTP/1.1\r\nHost: h.example:9000\r\n")
     assert b"Content-Length: 12\r\n" in head and head.endswith(b"Authorization: Bearer x\r\n\r\n")

@@ -162,7 +162,7 @@ def test_the_sweep_counts_real_token_chunks_without_parsing_them():
     usage in vLLM 0.32's real stream; the usage event and [DONE] still go to the parser."""
     import json
     import os
-    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import (
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_stream import (
         TOKEN_CHUNK_MARK, USAGE_MARK, USAGE_NULL)
     with open(os.path.join(FIXTURES, "completions-stream-usage.txt"), "rb") as f:
         events = [line[5:].strip() for line in f.read().split(b"\n") if line.startswith(b"data:")]
