@@ -663,6 +663,12 @@ def test_correctness_detects_a_server_that_decodes_differently(server, penalized
 
 # --- several load-generator hosts: tests/integration/multihost.py, collected here (one server)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from multihost import (loadgen_host, test_role_refuses_a_load_generator_not_in_the_inventory,  # noqa: E402,F401
-                       test_role_stops_waiting_agents_when_the_sweep_fails,
-                       test_role_sweeps_from_an_agent_over_ssh_and_a_local_one)
+import multihost  # noqa: E402
+
+loadgen_host = multihost.loadgen_host
+test_role_sweeps_from_an_agent_over_ssh_and_a_local_one = \
+    multihost.test_role_sweeps_from_an_agent_over_ssh_and_a_local_one
+test_role_refuses_a_load_generator_not_in_the_inventory = \
+    multihost.test_role_refuses_a_load_generator_not_in_the_inventory
+test_role_stops_waiting_agents_when_the_sweep_fails = \
+    multihost.test_role_stops_waiting_agents_when_the_sweep_fails
