@@ -63,6 +63,11 @@ from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_stream impor
 READ_BUFSIZE = 4 * 1024 * 1024
 LOOP_TICK_S = 0.01
 LOOP_LAG_LIMIT_MS = 10.0
+# A worker process or agent sends a heartbeat when it has had nothing to send for this long;
+# the parent fails the level when one is silent for SILENCE_LIMIT_S (a load-generator host
+# that stopped answering without closing its connection: a partition, a stopped process).
+HEARTBEAT_S = 1.0
+SILENCE_LIMIT_S = 30.0
 CPU_LIMIT = 0.8
 VOCAB_PROBE_MAX = 1 << 21  # larger than any tokenizer's vocabulary
 PROBE_TIMEOUT_S = 60
@@ -620,8 +625,24 @@ class Sweep(object):
         done = loop.create_future()
         ends = {}
         stop_sent = {"on": False}
+        seen = [level_start] * len(pool.conns)  # the last message from each, our clock
+
+        def watchdog():
+            if done.done():
+                return
+            now = time.perf_counter()
+            for i, t in enumerate(seen):
+                if i not in ends and now - t > SILENCE_LIMIT_S:
+                    done.set_exception(SweepError(
+                        "%s sent nothing for %.0f s during concurrency %d (it sends a heartbeat "
+                        "every %g s): its host stopped answering or its process stopped"
+                        % (pool.names[i], now - t, conc, HEARTBEAT_S)))
+                    return
+            timers.append(loop.call_later(1.0, watchdog))
+        timers = [loop.call_later(1.0, watchdog)]
 
         def readable(i, conn):
+            seen[i] = time.perf_counter()
             try:
                 msg = conn.recv()
             except (EOFError, OSError) as e:
@@ -664,6 +685,8 @@ class Sweep(object):
                 os.set_blocking(conn.fileno(), True)  # uvloop made it non-blocking: whole messages
             await done
         finally:
+            for t in timers:
+                t.cancel()
             for conn in pool.conns:
                 try:
                     loop.remove_reader(conn.fileno())
@@ -766,12 +789,17 @@ class Sweep(object):
         flushing = {"on": True}
 
         async def flusher():
+            last = time.perf_counter()
             while flushing["on"]:
                 await asyncio.sleep(Pool.FLUSH_S)
                 if pending:
                     batch = list(pending)
                     del pending[:]
                     conn.send(("recs", batch))
+                    last = time.perf_counter()
+                elif time.perf_counter() - last >= HEARTBEAT_S:
+                    conn.send(("hb",))  # alive, nothing finished (long requests)
+                    last = time.perf_counter()
 
         sampler = Sampler()
         tick = asyncio.ensure_future(sampler.run())

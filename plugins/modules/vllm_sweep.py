@@ -121,6 +121,9 @@ options:
         workers split over them as evenly as possible. At most as many as the largest level.
         Not with I(processes) > 1 (each agent is one client process; start several agents
         on a host with spare cores).
+      - An agent that sends nothing for 30 s during a level (it sends a heartbeat every second
+        while its requests run) fails the level, naming it; so does one that closes its
+        connection.
     type: list
     elements: dict
     suboptions:

@@ -281,3 +281,47 @@ def test_agent_without_a_sweep_gives_up_and_stop_ends_a_waiting_one(agents):
 
 def test_agent_idle_is_a_sweep_error_subclass():
     assert issubclass(AgentIdle, SweepError)
+
+
+def test_a_silent_agent_fails_the_level_naming_it(paced_stub, agents, monkeypatch):
+    """An agent whose host stops answering without closing the connection (here: SIGSTOP)
+    fails the level after SILENCE_LIMIT_S instead of hanging the sweep."""
+    import signal
+    import threading
+    monkeypatch.setattr(sweep_client, "SILENCE_LIMIT_S", 2.0)
+    lgs, procs = agents(2)
+    pid = procs[1][0].pid
+
+    def stop_soon():
+        time.sleep(1.0)
+        os.kill(pid, signal.SIGSTOP)
+    threading.Thread(target=stop_soon, daemon=True).start()
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(SweepError) as e:
+            run_sweep({"base_url": paced_stub, "model": stub.MODEL, "levels": [2],
+                       "input_len": 8, "output_len": 16, "duration_s": 60,
+                       "request_timeout_s": 10, "vocab_size": 1000,
+                       "saturation_threshold": 0.1, "endpoint": "completions",
+                       "load_generators": lgs, "load_generator_authkey": KEY})
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    msg = str(e.value)
+    assert ("load generator 127.0.0.1:%d (load_generators[1]) sent nothing for"
+            % lgs[1]["port"]) in msg and "during concurrency 2" in msg, msg
+    assert time.perf_counter() - t0 < 20
+
+
+def test_long_requests_are_not_silence(paced_stub, agents, monkeypatch):
+    """Requests longer than the silence limit: the agents' heartbeats keep the level alive."""
+    monkeypatch.setattr(sweep_client, "SILENCE_LIMIT_S", 1.5)
+    lgs, _procs = agents(1)
+    res = run_sweep({"base_url": paced_stub, "model": stub.MODEL, "levels": [1],
+                     "input_len": 8, "output_len": 1500, "duration_s": 0.1,
+                     "warmup_requests": 0, "min_requests": 1,
+                     "request_timeout_s": 30, "vocab_size": 1000,
+                     "saturation_threshold": 0.1, "endpoint": "completions",
+                     "load_generators": lgs, "load_generator_authkey": KEY})
+    lv = res["levels"][0]
+    assert lv["requests_ok"] >= 1 and lv["server_check"]["match"] is True
+    assert lv["timing"]["level_s"] > 3.0  # each request took > 2 x the silence limit
