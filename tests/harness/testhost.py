@@ -355,9 +355,13 @@ def create(name, port, memory=None, timeout=120, netns_address=None, bridge=DEFA
         setup_netns(name, netns_address, bridge, bridge_address)
         args.append("--network-namespace-path=/run/netns/%s" % name)
     for host_path, guest_path in SHARED_CACHES.items():
-        os.makedirs(host_path, exist_ok=True)
-        if host_path in STICKY_SHARED:
+        if host_path in STICKY_SHARED and not os.path.isdir(host_path):
+            # only when made: the first converge gives it the service user (the same uid and
+            # mode on every host); changing it back here while another job's host runs its
+            # idempotence check would show that check a change
+            os.makedirs(host_path)
             os.chmod(host_path, 0o1777)
+        os.makedirs(host_path, exist_ok=True)
         args.append("--bind=%s:%s" % (host_path, guest_path))
     wheelhouse = pip_find_links()
     if wheelhouse:
