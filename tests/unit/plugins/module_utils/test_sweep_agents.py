@@ -314,14 +314,17 @@ def test_a_silent_agent_fails_the_level_naming_it(paced_stub, agents, monkeypatc
 
 def test_long_requests_are_not_silence(paced_stub, agents, monkeypatch):
     """Requests longer than the silence limit: the agents' heartbeats keep the level alive."""
-    monkeypatch.setattr(sweep_client, "SILENCE_LIMIT_S", 1.5)
+    # a heartbeat every 0.2 s (the agent is forked after this), silence limit 2 s: slack for
+    # a loaded machine; each request streams for 5 s
+    monkeypatch.setattr(sweep_client, "HEARTBEAT_S", 0.2)
+    monkeypatch.setattr(sweep_client, "SILENCE_LIMIT_S", 2.0)
     lgs, _procs = agents(1)
     res = run_sweep({"base_url": paced_stub, "model": stub.MODEL, "levels": [1],
-                     "input_len": 8, "output_len": 1500, "duration_s": 0.1,
+                     "input_len": 8, "output_len": 2500, "duration_s": 0.1,
                      "warmup_requests": 0, "min_requests": 1,
                      "request_timeout_s": 30, "vocab_size": 1000,
                      "saturation_threshold": 0.1, "endpoint": "completions",
                      "load_generators": lgs, "load_generator_authkey": KEY})
     lv = res["levels"][0]
     assert lv["requests_ok"] >= 1 and lv["server_check"]["match"] is True
-    assert lv["timing"]["level_s"] > 3.0  # each request took > 2 x the silence limit
+    assert lv["timing"]["level_s"] > 4.0  # each request took > 2 x the silence limit
