@@ -1144,6 +1144,15 @@ def _record_tuple(r):
             r.completion_tokens, r.prompt_tokens, r.expected_tokens, r.error)
 
 
+def _send_quit(conns):
+    """Tell every worker process or agent to quit; one that is gone already is skipped."""
+    for c in conns:
+        try:
+            c.send(("quit",))
+        except (OSError, EOFError):
+            pass
+
+
 class Pool(object):
     """Load-generator worker processes, forked before any event loop runs (``processes``).
 
@@ -1177,11 +1186,7 @@ class Pool(object):
         self.names = ["load-generator process %d" % i for i in range(n)]
 
     def close(self):
-        for c in self.conns:
-            try:
-                c.send(("quit",))
-            except (OSError, EOFError):
-                pass
+        _send_quit(self.conns)
         for p in self.procs:
             p.join(timeout=10)
             if p.is_alive():
@@ -1309,11 +1314,8 @@ class AgentPool(object):
         return out
 
     def close(self):
+        _send_quit(self.conns)
         for c in self.conns:
-            try:
-                c.send(("quit",))
-            except (OSError, EOFError):
-                pass
             c.close()
         self.conns = []
 
