@@ -1235,6 +1235,10 @@ def agent_name(i, lg):
     return "load generator %s:%d (load_generators[%d])" % (lg["host"], lg["port"], i)
 
 
+class AgentAuthError(SweepError):
+    """The agent refused the key (it was started with another load_generator_authkey)."""
+
+
 def connect_agent(i, lg, authkey, timeout_s=AGENT_CONNECT_S):
     """A multiprocessing connection to the agent ``lg``; retried while it is still starting
     (connection refused) for up to ``timeout_s``. Raises SweepError naming it."""
@@ -1244,8 +1248,8 @@ def connect_agent(i, lg, authkey, timeout_s=AGENT_CONNECT_S):
         try:
             return Client((lg["host"], lg["port"]), authkey=authkey)
         except multiprocessing.AuthenticationError:
-            raise SweepError("%s refused the sweep: authentication failed (the agent was "
-                             "started with another load_generator_authkey)" % agent_name(i, lg))
+            raise AgentAuthError("%s refused the sweep: authentication failed (the agent was "
+                                 "started with another load_generator_authkey)" % agent_name(i, lg))
         except socket.gaierror as e:
             raise SweepError("cannot resolve the host of %s: %s (give its address)"
                              % (agent_name(i, lg), e))
@@ -1406,30 +1410,21 @@ def run_agent(listen_host, listen_port, authkey, timeout_s, event_loop="auto"):
 
 def stop_agents(lgs, authkey, wait_s=10.0):
     """Send "quit" to every agent that still waits for a sweep (after a failed sweep): returns
-    per agent "stopped", or why not (not listening: gone, or serving a sweep, which ends it
-    by closing). An agent that refuses the connection may still be starting: retried for up
-    to ``wait_s`` in all."""
-    from multiprocessing.connection import Client
+    per agent "stopped", or why not ("authentication failed"; "not listening: ..." when it is
+    gone, or serving a sweep, which ends it by closing). An agent that refuses the connection
+    may still be starting: connect_agent retries for up to ``wait_s`` in all."""
     key = authkey.encode() if isinstance(authkey, str) else authkey
     deadline = time.monotonic() + wait_s
     out = []
     for i, lg in enumerate(lgs):
         name = "%s:%d" % (lg["host"], lg["port"])
-        while True:
-            try:
-                c = Client((lg["host"], lg["port"]), authkey=key)
-                break
-            except multiprocessing.AuthenticationError:
-                c = "authentication failed"
-                break
-            except (OSError, EOFError) as e:
-                if isinstance(e, ConnectionRefusedError) and time.monotonic() < deadline:
-                    time.sleep(0.25)
-                    continue
-                c = "not listening (%s)" % type(e).__name__
-                break
-        if isinstance(c, str):
-            out.append({"agent": name, "result": c})
+        try:
+            c = connect_agent(i, lg, key, max(0.0, deadline - time.monotonic()))
+        except AgentAuthError:
+            out.append({"agent": name, "result": "authentication failed"})
+            continue
+        except SweepError as e:
+            out.append({"agent": name, "result": "not listening: %s" % e})
             continue
         try:
             c.send(("quit",))

@@ -448,7 +448,7 @@ agent:
   returned: success, mode agent
   type: dict
 agents:
-  description: I(mode=stop_agents) - per agent (host:port) what happened (C(stopped), C(not listening (...)), ...).
+  description: "I(mode=stop_agents) - per agent (host:port) what happened: C(stopped), C(authentication failed), or C(not listening: ...) with the reason."
   returned: mode stop_agents
   type: list
   elements: dict
