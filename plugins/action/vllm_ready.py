@@ -58,6 +58,11 @@ class ActionModule(ActionBase):
             res = self._execute_module(module_name=_MODULE, module_args=margs,
                                        task_vars=task_vars)
             if res.get("failed") or res.get("skipped") or res.get("ready") is not False:
+                if res.get("failed"):
+                    waited = time.monotonic() - start
+                    res["elapsed_s"] = round(waited, 1)
+                    res["msg"] = "%s (waited %.0f s of %d in all)" % (res.get("msg", ""),
+                                                                      waited, total)
                 if res.get("ready"):
                     res["elapsed_s"] = round(time.monotonic() - start, 1)
                     # controller clock (epoch s) when it answered: the transition's downtime

@@ -31,6 +31,19 @@ def vllm_upgrade_candidate_argv(argv, current_link, venv, port):
         raise AnsibleFilterError("vllm_upgrade_candidate_argv: %s" % exc)
 
 
+def vllm_upgrade_gate_mode(requested, endpoints, gpu_facts=None, gate_gpus="", port_free=True,
+                           mem_available_mib=None, serving_mem_mib=None):
+    """Beside or window for the gate's candidate, with the reason (see
+    vllm_upgrade_gate.choose_mode)."""
+    def num(x):
+        return None if x in (None, "", "[not set]", "infinity") or not str(x).isdigit() else int(x)
+    try:
+        return gate.choose_mode(requested, endpoints, gpu_facts, gate_gpus, bool(port_free),
+                                num(mem_available_mib), num(serving_mem_mib))
+    except (gate.GateError, ValueError) as exc:
+        raise AnsibleFilterError("vllm_upgrade_gate_mode: %s" % exc)
+
+
 def vllm_upgrade_history(doc, entry, keep=20):
     """The host's upgrade history with an accepted pin appended."""
     return gate.merge_history(doc, entry, int(keep))
@@ -49,4 +62,5 @@ class FilterModule(object):
                 "vllm_upgrade_table": vllm_upgrade_table,
                 "vllm_upgrade_candidate_argv": vllm_upgrade_candidate_argv,
                 "vllm_upgrade_history": vllm_upgrade_history,
+                "vllm_upgrade_gate_mode": vllm_upgrade_gate_mode,
                 "vllm_upgrade_entry": vllm_upgrade_entry}

@@ -142,6 +142,87 @@ def render_table(decision, current_pin="current", candidate_pin="candidate", jou
     return "\n".join(out)
 
 
+def _gpu_list(value):
+    """GPU indices from a list or a comma-separated string ("" / None -> [])."""
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        return [int(x) for x in value.replace(" ", "").split(",") if x != ""]
+    return [int(x) for x in value]
+
+
+def choose_mode(requested, endpoints, gpu_facts=None, gate_gpus="", port_free=True,
+                mem_available_mib=None, serving_mem_mib=None, busy_gpu_pct=5.0,
+                mem_margin=1.2):
+    """Where the gate's candidate runs: ``beside`` (a second server on a spare port, the
+    current version serving on) or ``window`` (the current version stopped while the
+    candidate is measured on its port).
+
+    ``auto`` chooses beside only when the candidate can get what it needs:
+    - on a host with GPUs (``gpu_facts['count'] > 0``): ``gate_gpus`` (the
+      vllm_install_gate_gpus setting), or as many GPUs as the first instance uses that no
+      declared instance uses and that were nearly empty when the facts were taken (at most
+      ``busy_gpu_pct`` % of their memory used). An instance without a GPU set uses every GPU.
+    - on a host without GPUs: ``mem_available_mib`` (MemAvailable) at least ``mem_margin``
+      times the memory the serving instance's unit uses (``serving_mem_mib``); unknown
+      figures mean beside.
+    - in both cases a free candidate port.
+    Returns ``{"mode", "reason", "gpus"}``; ``gpus`` is the comma-separated GPU list the
+    candidate gets in beside mode ("" = the instance's own setting)."""
+    endpoints = list(endpoints or [])
+    if requested not in ("auto", "beside", "window"):
+        raise GateError("vllm_install_gate_mode must be auto, beside or window (got %r)"
+                        % (requested,))
+    explicit = _gpu_list(gate_gpus)
+    if requested != "auto":
+        return {"mode": requested, "reason": "vllm_install_gate_mode=%s" % requested,
+                "gpus": ",".join(str(g) for g in explicit)}
+    if not port_free:
+        return {"mode": "window", "reason": "the candidate's port is in use", "gpus": ""}
+    facts = gpu_facts if isinstance(gpu_facts, dict) else {}
+    count = int(facts.get("count") or 0)
+    if count > 0:
+        if explicit:
+            return {"mode": "beside", "gpus": ",".join(str(g) for g in explicit),
+                    "reason": "vllm_install_gate_gpus=%s" % ",".join(str(g) for g in explicit)}
+        used, takers = set(), []
+        for ep in endpoints:
+            gpus = _gpu_list(ep.get("gpus"))
+            if not gpus:
+                used.update(range(count))
+                takers.append("%s (no GPU set: every GPU)" % ep.get("name", "?"))
+            else:
+                used.update(gpus)
+                takers.append("%s (GPUs %s)" % (ep.get("name", "?"), ",".join(map(str, gpus))))
+        busy = set()
+        for g in facts.get("gpus") or []:
+            total = float(g.get("memory_total_mib") or 0)
+            if total > 0 and float(g.get("memory_used_mib") or 0) > total * busy_gpu_pct / 100.0:
+                busy.add(int(g.get("index", -1)))
+        need = len(_gpu_list(endpoints[0].get("gpus"))) if endpoints else 0
+        need = need or count
+        spare = sorted(set(range(count)) - used - busy)
+        if len(spare) >= need:
+            pick = spare[:need]
+            return {"mode": "beside", "gpus": ",".join(map(str, pick)),
+                    "reason": "GPUs %s are used by no instance" % ",".join(map(str, pick))}
+        return {"mode": "window", "gpus": "",
+                "reason": "the candidate needs %d GPU(s) and %d of %d are free (%s%s)"
+                          % (need, len(spare), count, "; ".join(takers) or "none declared",
+                             "; busy: %s" % ",".join(map(str, sorted(busy))) if busy else "")}
+    if mem_available_mib is None or serving_mem_mib is None or float(serving_mem_mib) <= 0:
+        return {"mode": "beside", "gpus": "",
+                "reason": "no GPUs; the serving instance's memory use is not known"}
+    want = float(serving_mem_mib) * float(mem_margin)
+    if float(mem_available_mib) >= want:
+        return {"mode": "beside", "gpus": "",
+                "reason": "no GPUs; %d MiB available >= %.0f MiB (%.1fx the serving instance's "
+                          "%d MiB)" % (mem_available_mib, want, mem_margin, serving_mem_mib)}
+    return {"mode": "window", "gpus": "",
+            "reason": "no GPUs; %d MiB available < %.0f MiB (%.1fx the serving instance's "
+                      "%d MiB)" % (mem_available_mib, want, mem_margin, serving_mem_mib)}
+
+
 def candidate_argv(argv, current_link, venv, port):
     """The serving instance's argv run from ``venv`` instead of ``current_link`` and on
     ``port`` (every other argument unchanged)."""

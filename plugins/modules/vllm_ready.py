@@ -43,7 +43,9 @@ options:
   max_restarts:
     description:
       - Stop waiting once I(unit) was restarted this many times during the wait (it crashes
-        while loading), or as soon as systemd marks it failed.
+        while loading), as soon as systemd marks it failed, or as soon as its main process
+        has exited with nothing to restart it (the unit C(inactive), or a transient unit
+        unloaded after it ended). The error quotes the journal's error line.
     type: int
     default: 2
   restarts_baseline:
@@ -147,31 +149,81 @@ def journal_tail(unit, lines):
         return []
 
 
+_ERROR_MARKERS = ("Error", "Exception", "error:", "Traceback", "FAILED", "Failed", "failed",
+                  "Killed", "killed", "status=")
+
+
+def error_line(lines):
+    """The journal line that says best why a unit ended: the last one naming an error
+    (``ValueError: ...``), else the last line."""
+    lines = [ln for ln in (lines or []) if ln.strip()]
+    for ln in reversed(lines):
+        if any(m in ln for m in _ERROR_MARKERS[:4]):
+            return ln.strip()
+    for ln in reversed(lines):
+        if any(m in ln for m in _ERROR_MARKERS[4:]):
+            return ln.strip()
+    return lines[-1].strip() if lines else ""
+
+
+def unit_props(unit):
+    """systemctl show's ActiveState, SubState, LoadState, NRestarts, ExecMainStatus and
+    MainPID of a unit ({} when systemd cannot be asked)."""
+    try:
+        out = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "SubState",
+                              "-p", "LoadState", "-p", "NRestarts", "-p", "ExecMainStatus",
+                              "-p", "MainPID", unit],
+                             capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+
+
 def unit_state(unit):
     """(ActiveState, NRestarts) of a systemd unit, or (None, None) if unknown."""
-    try:
-        out = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "NRestarts",
-                              unit], capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-    props = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+    props = unit_props(unit)
     restarts = props.get("NRestarts", "")
     return props.get("ActiveState"), int(restarts) if restarts.isdigit() else None
 
 
-def crash_watch(unit, max_restarts, first=None):
-    """An on_wait callback that stops the wait as soon as the unit has clearly failed."""
+def crash_watch(unit, max_restarts, first=None, props=unit_props, journal=None):
+    """An on_wait callback that stops the wait as soon as the unit has clearly ended.
+
+    Ended means: systemd marks it failed; it was restarted ``max_restarts`` times during the
+    wait; or its main process exited and nothing will start it again -- the unit is
+    ``inactive`` (a clean exit without Restart=, or a transient ``systemd-run --collect``
+    unit, which is unloaded at once: LoadState ``not-found``). A unit between two restarts
+    is ``activating`` (``auto-restart``) and the wait goes on. The error names the journal's
+    error line."""
+    journal = journal or (lambda u: journal_tail(u, 200))
     if first is None:
-        _unused, first = unit_state(unit)
+        p0 = props(unit)
+        n0 = p0.get("NRestarts", "")
+        first = int(n0) if n0.isdigit() else None
+
+    def fail(why, elapsed):
+        line = error_line(journal(unit))
+        raise EndpointError("%s %s after %.0f s%s" % (unit, why, elapsed,
+                                                     ("; journal: %s" % line) if line else ""))
 
     def check(elapsed, last_status):
-        state, restarts = unit_state(unit)
+        p = props(unit)
+        if not p:
+            return
+        state, load = p.get("ActiveState"), p.get("LoadState")
+        n = p.get("NRestarts", "")
+        restarts = int(n) if n.isdigit() else None
         if state == "failed":
-            raise EndpointError("%s failed after %.0f s (systemd gave up restarting it)"
-                                % (unit, elapsed))
+            fail("failed (its main process exited with status %s; systemd gave up restarting it)"
+                 % p.get("ExecMainStatus", "?"), elapsed)
+        if load == "not-found":
+            fail("is gone: its main process exited and the transient unit was unloaded", elapsed)
+        if state == "inactive":
+            fail("is not running: its main process exited with status %s and nothing restarts it"
+                 % p.get("ExecMainStatus", "?"), elapsed)
         if first is not None and restarts is not None and restarts - first >= max_restarts:
-            raise EndpointError("%s crashed and was restarted %d times while loading"
-                                % (unit, restarts - first))
+            fail("crashed and was restarted %d times while loading" % (restarts - first),
+                 elapsed)
     return check
 
 

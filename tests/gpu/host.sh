@@ -21,6 +21,9 @@
 #                                       split on spaces, e.g. "--prompt-format both")
 #   tests/gpu/host.sh tune ARGS...      `vllm-deploy tune -i <the inventory> --host gpuhost ARGS`
 #                                       from the machine (ansible-runner and rich from extras/tune)
+#   tests/gpu/host.sh gate accept|slow|dead
+#                                       the upgrade gate as a user runs it (see step_gate)
+#   tests/gpu/host.sh sleep             vLLM's sleep mode measured as the gate would use it
 #   tests/gpu/host.sh kill9             kill -9 the unit's main PID: restart, readiness, no orphan
 #                                       on the GPU (nvidia-smi), no leaked GPU memory
 #   tests/gpu/host.sh collect           logs, journal, write-back, unit files into $OUT
@@ -163,7 +166,7 @@ write_inventory() { # write_inventory MODEL
   torchsite=$("$PY" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
   case $model in
     llama) repo=gpu-check/llama-0.9b-dummy; profile=""; served=llama-0.9b-dummy
-           levels="[1, 2, 4, 8, 16, 32, 64, 128]"
+           levels="[1, 16, 128]"
            extra='vllm_service_args: [--load-format, dummy, --max-model-len, "4096"]' ;;
     minimax) repo=gpu-check/minimax-m2.5-reduced; profile=minimax-m2.5-tp4; served=minimax-m2.5-reduced
            levels="[1, 8, 32]"
@@ -323,14 +326,18 @@ sys.exit(0 if ok else 1)
 EOF
 }
 
-# The upgrade gate on the GPU (after `deploy first llama`): one GPU, all in use, so auto picks
-# the maintenance window. `gate accept`: a real pin change from the same wheelhouse (one more,
-# empty, site directory makes a new pin and venv) that the gate must accept, with the window's
-# downtime. `gate slow`: molecule/install's injected regression (every engine step 50 ms
-# slower) in the previous venv, and the pin switched back to it: the gate must reject, print
-# the table, and the accepted version serve again.
-step_gate() { # step_gate accept|slow
-  local what=$1 prev cur site
+# The upgrade gate on the GPU (after `deploy first llama`), with the defaults: one GPU, all in
+# use by the serving instance (no GPU set declared), so auto must pick the maintenance window.
+# `gate accept`: a real pin change from the same wheelhouse (one more, empty, site directory
+# makes a new pin and venv) that the gate must accept, with the window's downtime.
+# `gate slow`: molecule/install's injected regression (every engine step 50 ms slower) in the
+# previous venv, and the pin switched back to it: the gate must reject, print the table, and
+# the accepted version serve again.
+# `gate dead` (after accept): the same pin change back, vllm_install_gate_mode forced to beside:
+# the candidate cannot get the GPU and dies at start; the wait must end within seconds with
+# vLLM's error line, the gate reject, and the serving version never stop.
+step_gate() { # step_gate accept|slow|dead
+  local what=$1 prev cur site t0
   write_inventory llama || return 1
   mkdir -p "$ST/gate-site"
   site=$("$PY" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
@@ -339,22 +346,39 @@ vllm_install_gate_levels: [1, 16]
 vllm_install_gate_duration_s: 8
 vllm_install_gate_history_path: $ST/vllm_upgrades.yml
 EOF
-  if [ "$what" = accept ]; then
-    echo "vllm_install_site_dirs: [\"$site\", \"$ST/gate-site\"]" >>"$INV/group_vars/vllm_hosts.yml"
-  else
-    cur=$(ssh_host readlink -f /opt/vllm-deploy/current)
-    prev=$(ssh_host "ls -d /opt/vllm-deploy/venvs/*" | grep -vx "$cur" | head -1)
-    ssh_host "cat >$prev/lib/python3.12/site-packages/vd_gate_regression.py" <"$ROOT/molecule/install/files/vd_gate_regression.py"
-    echo 'import vd_gate_regression; vd_gate_regression.install("slow")' |
-      ssh_host "cat >$prev/lib/python3.12/site-packages/vd_gate_regression.pth"
-  fi
+  case $what in
+    accept) echo "vllm_install_site_dirs: [\"$site\", \"$ST/gate-site\"]" >>"$INV/group_vars/vllm_hosts.yml" ;;
+    dead) echo "vllm_install_gate_mode: beside" >>"$INV/group_vars/vllm_hosts.yml" ;;
+    slow)
+      cur=$(ssh_host readlink -f /opt/vllm-deploy/current)
+      prev=$(ssh_host "ls -d /opt/vllm-deploy/venvs/*" | grep -vx "$cur" | head -1)
+      ssh_host "cat >$prev/lib/python3.12/site-packages/vd_gate_regression.py" <"$ROOT/molecule/install/files/vd_gate_regression.py"
+      echo 'import vd_gate_regression; vd_gate_regression.install("slow")' |
+        ssh_host "cat >$prev/lib/python3.12/site-packages/vd_gate_regression.pth" ;;
+  esac
+  ssh_host "systemctl show -p MainPID,NRestarts vllm-main.service" >"$ST/gate-$what.before"
+  t0=$SECONDS
   ( ansible_env
     timeout "${GPU_HOST_DEPLOY_TIMEOUT:-560}" ansible-playbook -i "$INV/hosts.yml" vllm_ops.deploy.deploy \
       >"$ST/gate-$what.log" 2>&1
-    echo "gate $what rc=$?" | tee -a "$ST/gate-$what.log" "$OUTD/summary.txt" )
-  grep -E 'Upgrade gate|[|] conc [|]|^[|] [0-9]|correctness [(]greedy|verdict:|down [0-9]+ s' "$ST/gate-$what.log" | head -30
+    echo "gate $what rc=$? in $((SECONDS - t0)) s" | tee -a "$ST/gate-$what.log" "$OUTD/summary.txt" )
+  grep -E 'Upgrade gate|[|] conc [|]|^[|] [0-9]|correctness [(]greedy|verdict:|down [0-9]+ s|is gone|waited [0-9]+ s|interrupted upgrade gate' "$ST/gate-$what.log" | cut -c1-600 | head -30
+  echo "serving unit before: $(tr '\n' ' ' <"$ST/gate-$what.before"); after: $(ssh_host "systemctl show -p MainPID,NRestarts vllm-main.service" | tr '\n' ' ')" | tee -a "$OUTD/summary.txt"
+  ssh_host "ls /run/vllm-gate-* 2>&1; systemctl list-units --all --plain --no-legend 'vllm-gate-*'" | sed 's/^/leftovers: /' | tee -a "$OUTD/summary.txt"
   cp "$ST/gate-$what.log" "$ST/vllm_upgrades.yml" "$OUTD/" 2>/dev/null
   if [ "$what" = slow ]; then ssh_host "rm -f $prev/lib/python3.12/site-packages/vd_gate_regression.p*"; fi
+  return 0
+}
+
+# vLLM's sleep mode measured as the gate would use it (tests/gpu/sleep_mode.py): the deployed
+# unit is stopped for it and started again after.
+step_sleep() {
+  local vpy=/opt/vllm-deploy/current/bin/python
+  ssh_host "systemctl stop vllm-main.service"
+  timeout "${GPU_HOST_SLEEP_TIMEOUT:-540}" "$vpy" tests/gpu/sleep_mode.py --python "$vpy" \
+    --model-dir "$MODELS/llama-0.9b-dummy" --levels "${GPU_HOST_SLEEP_LEVELS:-1,16}" \
+    --duration-s "${GPU_HOST_SLEEP_DURATION:-6}" --json-out "$OUTD/sleep.json" 2>&1 | tee "$OUTD/sleep.txt"
+  ssh_host "systemctl start vllm-main.service"
   return 0
 }
 
@@ -387,7 +411,8 @@ case ${1:-} in
   tune) shift; step_tune "$@" ;;
   kill9) step_kill9 ;;
   gate) step_gate "$2" ;;
+  sleep) step_sleep ;;
   collect) step_collect ;;
   stop) step_stop ;;
-  *) sed -n '2,24p' "$0"; exit 2 ;;
+  *) sed -n '2,27p' "$0"; exit 2 ;;
 esac

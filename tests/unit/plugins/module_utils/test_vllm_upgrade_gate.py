@@ -130,3 +130,75 @@ def test_history_replaces_a_pin_accepted_again_and_keeps_the_newest():
     assert [p["pin_id"] for p in doc["pins"]] == ["p1", "p2", "p3"]
     doc = gate.merge_history(doc, {"pin_id": "p1", "again": True}, keep=3)
     assert [p["pin_id"] for p in doc["pins"]] == ["p2", "p3", "p1"] and doc["pins"][-1]["again"]
+
+
+# --- where the candidate runs (auto: beside only when it can get what it needs) -----------
+# GPU facts come from the real gpu_facts module replaying nvidia-smi as captured on the lent
+# H200 machines (tests/fixtures/nvidia-smi/h200-x1, h200-x2).
+
+def _h200_facts(tmp_path, name):
+    from test_gpu_topology import FIX, run_module
+    import os
+    out = run_module(tmp_path, os.path.join(FIX, name), {})
+    return out["ansible_facts"]["gpu_facts"]
+
+
+MAIN_ALL = {"name": "main", "unit": "vllm-main.service", "gpus": None}
+
+
+def test_auto_on_one_h200_taken_by_an_instance_without_a_gpu_set_chooses_window(tmp_path):
+    facts = _h200_facts(tmp_path, "h200-x1")
+    assert facts["count"] == 1
+    c = gate.choose_mode("auto", [MAIN_ALL], facts)
+    assert c["mode"] == "window" and c["gpus"] == ""
+    assert "needs 1 GPU(s) and 0 of 1 are free" in c["reason"]
+    assert "main (no GPU set: every GPU)" in c["reason"]
+
+
+def test_auto_on_two_h200_with_the_instance_on_gpu0_puts_the_candidate_on_gpu1(tmp_path):
+    facts = _h200_facts(tmp_path, "h200-x2")
+    c = gate.choose_mode("auto", [dict(MAIN_ALL, gpus=[0])], facts)
+    assert c == {"mode": "beside", "gpus": "1", "reason": "GPUs 1 are used by no instance"}
+    # both GPUs declared (two instances, or one without a GPU set): nothing spare
+    two = [dict(MAIN_ALL, gpus=[0]), dict(MAIN_ALL, name="b", gpus=[1])]
+    assert gate.choose_mode("auto", two, facts)["mode"] == "window"
+    assert gate.choose_mode("auto", [MAIN_ALL], facts)["mode"] == "window"
+
+
+def test_auto_does_not_count_a_gpu_another_process_fills_as_spare(tmp_path):
+    facts = _h200_facts(tmp_path, "h200-x2")
+    facts["gpus"][1]["memory_used_mib"] = 130000
+    c = gate.choose_mode("auto", [dict(MAIN_ALL, gpus=[0])], facts)
+    assert c["mode"] == "window" and "busy: 1" in c["reason"]
+
+
+def test_auto_with_vllm_install_gate_gpus_is_beside_on_those(tmp_path):
+    facts = _h200_facts(tmp_path, "h200-x2")
+    c = gate.choose_mode("auto", [MAIN_ALL], facts, gate_gpus="1")
+    assert c["mode"] == "beside" and c["gpus"] == "1" and "vllm_install_gate_gpus=1" in c["reason"]
+
+
+def test_auto_without_gpus_weighs_memory():
+    cpu = {"present": False, "count": 0, "gpus": []}
+    assert gate.choose_mode("auto", [MAIN_ALL], cpu, mem_available_mib=9000,
+                            serving_mem_mib=3000)["mode"] == "beside"
+    low = gate.choose_mode("auto", [MAIN_ALL], cpu, mem_available_mib=3000, serving_mem_mib=3000)
+    assert low["mode"] == "window" and "3000 MiB available < 3600 MiB" in low["reason"]
+    unknown = gate.choose_mode("auto", [MAIN_ALL], {}, mem_available_mib=None, serving_mem_mib=None)
+    assert unknown["mode"] == "beside" and "not known" in unknown["reason"]
+
+
+def test_auto_with_the_candidate_port_taken_is_window_and_a_forced_mode_is_kept():
+    assert gate.choose_mode("auto", [MAIN_ALL], {}, port_free=False)["mode"] == "window"
+    assert gate.choose_mode("beside", [MAIN_ALL], {"count": 1}, gate_gpus="0")["gpus"] == "0"
+    assert gate.choose_mode("window", [MAIN_ALL], {})["mode"] == "window"
+    with pytest.raises(gate.GateError, match="vllm_install_gate_mode"):
+        gate.choose_mode("sleepy", [MAIN_ALL], {})
+
+
+def test_gate_mode_filter_reads_systemd_and_meminfo_strings():
+    from ansible_collections.vllm_ops.deploy.plugins.filter.vllm_upgrade import vllm_upgrade_gate_mode
+    cpu = {"count": 0}
+    assert vllm_upgrade_gate_mode("auto", [MAIN_ALL], cpu, "", True, "2000", "3000")["mode"] == "window"
+    # systemd without memory accounting prints "[not set]": unknown -> beside
+    assert vllm_upgrade_gate_mode("auto", [MAIN_ALL], cpu, "", True, "2000", "[not set]")["mode"] == "beside"
