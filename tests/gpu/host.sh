@@ -24,6 +24,7 @@
 #   tests/gpu/host.sh gate accept|slow|dead
 #                                       the upgrade gate as a user runs it (see step_gate)
 #   tests/gpu/host.sh sleep             vLLM's sleep mode measured as the gate would use it
+#   tests/gpu/host.sh sleep-bare        the same on a machine with the wheelhouse staged only
 #   tests/gpu/host.sh kill9             kill -9 the unit's main PID: restart, readiness, no orphan
 #                                       on the GPU (nvidia-smi), no leaked GPU memory
 #   tests/gpu/host.sh collect           logs, journal, write-back, unit files into $OUT
@@ -382,6 +383,23 @@ step_sleep() {
   return 0
 }
 
+# vLLM's sleep mode on a bare machine (no test host, no deploy): the staged wheelhouse
+# installed with --no-deps into a site directory over the image's torch, the dummy Llama, then
+# tests/gpu/sleep_mode.py. For a lease too short for the deploy sequence.
+step_sleep_bare() {
+  local site=$ST/bare-site
+  "$PY" tests/gpu/check.py join-wheels "$WH" || return 1
+  if [ ! -d "$site/vllm" ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$site" \
+      $(ls "$WH"/*.whl | grep -vE '/(ansible_core|resolvelib|cryptography|cffi|pycparser|torch)-') || return 1
+  fi
+  "$PY" tests/gpu/check.py make-model "$MODELS/llama-0.9b-dummy" >/dev/null || return 1
+  PATH=$site/bin:$PATH PYTHONPATH=$site timeout "${GPU_HOST_SLEEP_TIMEOUT:-400}" "$PY" tests/gpu/sleep_mode.py \
+    --python "$PY" --model-dir "$MODELS/llama-0.9b-dummy" --levels "${GPU_HOST_SLEEP_LEVELS:-1,16}" \
+    --duration-s "${GPU_HOST_SLEEP_DURATION:-6}" --start-timeout-s 200 --json-out "$OUTD/sleep.json" 2>&1 | tee "$OUTD/sleep.txt"
+  return 0
+}
+
 step_collect() {
   # vLLM's own account of each start: weights, KV cache, graphs, compile, limits, warnings
   ssh_host "journalctl -u vllm-main.service --no-pager -o short-iso | grep -E 'Model loading took|Available KV cache|GPU KV cache size|Maximum concurrency|Graph capturing|torch.compile took|ulimit|Using .*backend|JIT|WARNING|ERROR|Started|Stopped|Main process exited'" \
@@ -412,7 +430,8 @@ case ${1:-} in
   kill9) step_kill9 ;;
   gate) step_gate "$2" ;;
   sleep) step_sleep ;;
+  sleep-bare) step_sleep_bare ;;
   collect) step_collect ;;
   stop) step_stop ;;
-  *) sed -n '2,27p' "$0"; exit 2 ;;
+  *) sed -n '2,28p' "$0"; exit 2 ;;
 esac

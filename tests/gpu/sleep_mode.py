@@ -101,7 +101,7 @@ class Server(object):
         with open(self.log_path, errors="replace") as f:
             lines = [ln.strip() for ln in f if ln.strip()]
         for ln in reversed(lines):
-            if "Error" in ln or "Exception" in ln:
+            if ("Error:" in ln or "Exception:" in ln or "Traceback" in ln) and "WARNING" not in ln:
                 return ln[-400:]
         return lines[-1][-400:] if lines else ""
 
