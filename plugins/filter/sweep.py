@@ -1,12 +1,12 @@
 """Filters of the vllm_benchmark role: the compact per-level view kept in host_vars, and the
 configuration and fingerprint a sweep's result belongs to (the logic is in
-plugins/plugin_utils/sweep_report.py and plugins/plugin_utils/benchmark.py)."""
+plugins/plugin_utils/benchmark/report.py and plugins/plugin_utils/benchmark/record.py)."""
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.vllm_ops.deploy.plugins.plugin_utils import benchmark
-from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.sweep_report import compact_level
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.benchmark import record as benchmark
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.benchmark.report import compact_level
 
 
 def vllm_sweep_compact(level):
