@@ -96,12 +96,12 @@ def inventory_dirs(inventory) -> List[str]:
 
 
 def collection_profiles(root: str):
-    """The collection's profile loader (plugins/plugin_utils/vllm_profiles.py), imported from
+    """The collection's profile loader (plugins/plugin_utils/service/profiles.py), imported from
     the repository's collections path, as Ansible and the tests import it."""
     path = os.path.join(root, "collections")
     if path not in sys.path:
         sys.path.insert(0, path)
-    from ansible_collections.vllm_ops.deploy.plugins.plugin_utils import vllm_profiles
+    from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.service import profiles as vllm_profiles
     return vllm_profiles
 
 

@@ -4,7 +4,7 @@ Each candidate is served through the normal service path (the playbook vllm_ops.
 the vllm_service role with the candidate's instances, readiness included) and measured with the
 sweep, all its instances at once; the search (``strategy``: screening one knob at a time, then
 successive halving among the leaders, or successive halving over every candidate, or the grid;
-early stop at saturation and at the first SLO break) lives in plugins/module_utils/vllm_tune.py. vLLM's compile caches
+early stop at saturation and at the first SLO break) lives in plugins/plugin_utils/tune/search.py. vLLM's compile caches
 (torch.compile / inductor / triton under the service user's ~/.cache) are kept between restarts:
 they belong to the service home, which no candidate touches.
 
@@ -34,9 +34,9 @@ def _mods():
     coll = os.path.join(root, "collections")
     if coll not in sys.path:
         sys.path.insert(0, coll)
-    from ansible_collections.vllm_ops.deploy.plugins.module_utils import vllm_tune as vt
-    from ansible_collections.vllm_ops.deploy.plugins.plugin_utils import tune_report as rep
-    from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.vllm_profiles import load_profile
+    from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.tune import search as vt
+    from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.tune import report as rep
+    from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.service.profiles import load_profile
     return vt, rep, load_profile
 
 
@@ -220,7 +220,7 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
         thresholds = {"min_token_match_rate": min_match}
         if max_logprob_gap is not None:
             thresholds["max_logprob_gap_max"] = max_logprob_gap
-        from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_correctness import (
+        from ansible_collections.vllm_ops.deploy.plugins.module_utils.service.vllm_correctness import (
             DEFAULT_THRESHOLDS)
         return vt.gate(ref_holder["outputs"], outs, ref_holder["id"],
                        dict(DEFAULT_THRESHOLDS, **thresholds))
