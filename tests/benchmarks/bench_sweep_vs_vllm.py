@@ -448,7 +448,7 @@ def serve_jobs(handler, rfile, wfile, cpu=self_cpu, clock=time.perf_counter):
 
 def _ours_handler(collections_path):
     sys.path.insert(0, collections_path)
-    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep import vllm_sweep as sc
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep import engine as sc
     from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.vllm_sweep import run_sweep
     info = {"aiohttp": getattr(sc.aiohttp, "__version__", None)}
 
@@ -626,7 +626,7 @@ def scrape(metrics_url):
     """Server counters from /metrics, or None when unreadable."""
     if COLLECTIONS not in sys.path:
         sys.path.insert(0, COLLECTIONS)
-    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.metrics import (
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.prometheus import (
         server_counters)
     try:
         with urllib.request.urlopen(metrics_url, timeout=10) as r:

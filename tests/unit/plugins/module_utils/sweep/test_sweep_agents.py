@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep import vllm_sweep as sweep_client
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep import agents as sweep_agents
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep import vllm_sweep
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep import workers as sweep_workers
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.vllm_sweep import (
     AgentIdle, SweepError, best_offset, check_params, map_record, run_agent, run_sweep,
     stop_agents)
@@ -27,8 +29,8 @@ KEY = "agent-key-7d1e0c"
 
 
 def test_imports_this_worktree():
-    assert sweep_client.__file__.startswith(os.path.realpath(ROOT)) or \
-        os.path.realpath(sweep_client.__file__).startswith(os.path.realpath(ROOT))
+    assert vllm_sweep.__file__.startswith(os.path.realpath(ROOT)) or \
+        os.path.realpath(vllm_sweep.__file__).startswith(os.path.realpath(ROOT))
 
 
 # --- the clock offset and the record mapping ------------------------------------------------
@@ -57,7 +59,7 @@ def test_no_pings_is_an_error():
 def test_record_times_move_onto_our_clock_and_latencies_stay():
     rec = Record(level=4, worker=3, start=1000.0, end=1000.5, chunk_times=[1000.1, 1000.2, 1000.5],
                  chunk_tokens=None, completion_tokens=3, prompt_tokens=8, expected_tokens=3)
-    tup = sweep_client._record_tuple(rec)
+    tup = sweep_workers.record_tuple(rec)
     moved = Record(*map_record(tup, 990.0))
     assert moved.start == pytest.approx(10.0) and moved.end == pytest.approx(10.5)
     assert moved.chunk_times == pytest.approx([10.1, 10.2, 10.5])
@@ -143,7 +145,7 @@ def paced_stub():
 
 def _stub_counts(url):
     import urllib.request
-    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.metrics import metric_sum
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.prometheus import metric_sum
     with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
         text = r.read().decode()
     return {"requests": metric_sum(text, "stub_first_token_seconds_count"),
@@ -221,11 +223,11 @@ def test_wrong_key_is_an_authentication_error_naming_the_agent(paced_stub, agent
 
 
 def test_unreachable_agent_names_host_and_port(paced_stub, monkeypatch):
-    monkeypatch.setattr(sweep_client, "AGENT_CONNECT_S", 1.0)
+    monkeypatch.setattr(sweep_agents, "AGENT_CONNECT_S", 1.0)
     port = free_port()
     t0 = time.monotonic()
     with pytest.raises(SweepError) as e:
-        sweep_client.AgentPool(sweep_client.Sweep({
+        sweep_agents.AgentPool(vllm_sweep.Sweep({
             "base_url": paced_stub, "model": stub.MODEL, "levels": [1], "input_len": 8,
             "output_len": 4, "duration_s": 0.2, "request_timeout_s": 10, "vocab_size": 1000,
             "saturation_threshold": 0.1, "endpoint": "completions"}),
@@ -288,7 +290,7 @@ def test_a_silent_agent_fails_the_level_naming_it(paced_stub, agents, monkeypatc
     fails the level after SILENCE_LIMIT_S instead of hanging the sweep."""
     import signal
     import threading
-    monkeypatch.setattr(sweep_client, "SILENCE_LIMIT_S", 2.0)
+    monkeypatch.setattr(sweep_workers, "SILENCE_LIMIT_S", 2.0)
     lgs, procs = agents(2)
     pid = procs[1][0].pid
 
@@ -316,8 +318,8 @@ def test_long_requests_are_not_silence(paced_stub, agents, monkeypatch):
     """Requests longer than the silence limit: the agents' heartbeats keep the level alive."""
     # a heartbeat every 0.2 s (the agent is forked after this), silence limit 2 s: slack for
     # a loaded machine; each request streams for 5 s
-    monkeypatch.setattr(sweep_client, "HEARTBEAT_S", 0.2)
-    monkeypatch.setattr(sweep_client, "SILENCE_LIMIT_S", 2.0)
+    monkeypatch.setattr(sweep_workers, "HEARTBEAT_S", 0.2)
+    monkeypatch.setattr(sweep_workers, "SILENCE_LIMIT_S", 2.0)
     lgs, _procs = agents(1)
     res = run_sweep({"base_url": paced_stub, "model": stub.MODEL, "levels": [1],
                      "input_len": 8, "output_len": 2500, "duration_s": 0.1,

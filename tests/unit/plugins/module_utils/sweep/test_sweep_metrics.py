@@ -2,9 +2,10 @@
 import pytest
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.metrics import (
-    Record, describe, format_table, headline, knee, metric_sum, output_length_check,
-    parse_prometheus, percentile, saturation_check, server_counters, server_cross_check,
-    summarize_level)
+    Record, describe, format_table, headline, knee, output_length_check, percentile,
+    saturation_check, summarize_level)
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.prometheus import (
+    metric_sum, parse_prometheus, server_counters, server_cross_check)
 
 
 def rec(start, end, ct=10, pt=5, chunks=None, tokens=None, error=None, expected=10):
@@ -204,14 +205,14 @@ PARSERS = [pytest.param(True, id="prometheus_client"), pytest.param(False, id="b
 
 def test_the_library_parser_is_the_default_where_installed():
     import prometheus_client.parser  # noqa: F401  (requirements/tools.txt pins it)
-    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep import metrics as sweep_metrics
-    assert sweep_metrics.PROMETHEUS_PARSER == "prometheus_client"
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep import prometheus
+    assert prometheus.PROMETHEUS_PARSER == "prometheus_client"
     assert parse_prometheus(PROM) == parse_prometheus(PROM, library=True)
 
 
 def test_the_fallback_is_taken_without_the_library(monkeypatch):
-    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep import metrics as sweep_metrics
-    monkeypatch.setattr(sweep_metrics, "text_string_to_metric_families", None)
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep import prometheus
+    monkeypatch.setattr(prometheus, "text_string_to_metric_families", None)
     assert server_counters(PROM) == {"output_tokens": 2734.0, "prompt_tokens": 640.0}
     with pytest.raises(ValueError, match="not importable"):
         parse_prometheus(PROM, library=True)
