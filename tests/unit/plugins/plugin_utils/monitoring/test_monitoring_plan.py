@@ -74,9 +74,32 @@ def _hv(**kw):
     return hv
 
 
+def _role_settings():
+    """The settings as the role passes them: each of _vllm_monitoring_settings (vars/main.yml)
+    from the role's defaults."""
+    with open(os.path.join(ROLE, "defaults", "main.yml")) as f:
+        defaults = yaml.safe_load(f)
+    with open(os.path.join(ROLE, "vars", "main.yml")) as f:
+        names = yaml.safe_load(f)["_vllm_monitoring_settings"]
+    return dict((key, defaults["vllm_monitoring_" + key]) for key in names)
+
+
+ROLE_SETTINGS = _role_settings()
+
+
 def _plan(hosts, server="h1", **settings):
     inputs = [vm.host_input(name, hv, PROFILES) for name, hv in hosts]
-    return vm.plan(inputs, server, settings)
+    return vm.plan(inputs, server, dict(ROLE_SETTINGS, **settings))
+
+
+def test_a_setting_not_passed_is_named():
+    inputs = [vm.host_input("h1", _hv(), PROFILES)]
+    settings = dict(ROLE_SETTINGS)
+    del settings["scrape_timeout"]
+    p = vm.plan(inputs, "h1", settings)
+    assert p["errors"] == ["monitoring settings not given: vllm_monitoring_scrape_timeout (the "
+                           "vllm_monitoring role passes each from its defaults)"]
+    assert "prometheus_config" not in p
 
 
 # --- scrape jobs ------------------------------------------------------------------------
@@ -597,7 +620,7 @@ def test_metric_names_are_those_of_the_real_server():
     # the names older releases used are not relied on
     assert vm.missing_metrics(text, ["vllm:gpu_cache_usage_perc"]) == ["vllm:gpu_cache_usage_perc"]
     queries = " ".join(q["expr"] for q in vm.dashboard_queries(vm.dashboard()))
-    rules = json.dumps(vm.alert_rules(vm.check_settings({})[0]))
+    rules = json.dumps(vm.alert_rules(vm.check_settings(ROLE_SETTINGS)[0]))
     for name in vm.metric_names():
         assert name in queries or name in rules, name
 
@@ -652,7 +675,7 @@ def test_dcgm_counters_list_the_fields_used():
     for field in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
                   "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS"):
         assert "%s, gauge, " % field in csv
-    used = json.dumps(vm.dashboard()) + json.dumps(vm.alert_rules(vm.check_settings({})[0]))
+    used = json.dumps(vm.dashboard()) + json.dumps(vm.alert_rules(vm.check_settings(ROLE_SETTINGS)[0]))
     for line in csv.splitlines():
         if not line.startswith("#") and line.split(",")[0] in ("DCGM_FI_DEV_GPU_UTIL",
                                                                "DCGM_FI_DEV_GPU_TEMP"):
@@ -707,9 +730,10 @@ def test_role_defaults_cover_the_settings():
         defaults = yaml.safe_load(f)
     with open(os.path.join(ROLE, "vars", "main.yml")) as f:
         settings = yaml.safe_load(f)["_vllm_monitoring_settings"]
-    assert sorted(settings) == sorted(vm.DEFAULT_SETTINGS)
-    for key, value in vm.DEFAULT_SETTINGS.items():
-        assert defaults["vllm_monitoring_" + key] == value, key
+    assert sorted(settings) == sorted(vm.SETTING_NAMES)
+    for key in vm.SETTING_NAMES:
+        assert settings[key] == "{{ vllm_monitoring_%s }}" % key, key
+        assert "vllm_monitoring_" + key in defaults, key
     with open(os.path.join(ROLE, "meta", "argument_specs.yml")) as f:
         spec = yaml.safe_load(f)["argument_specs"]["main"]["options"]
     assert sorted(spec) == sorted(defaults)
