@@ -386,4 +386,3 @@ def loop_factory(choice="auto"):
                              % sys.version_info[:2])
         return None
     return uvloop.new_event_loop
-

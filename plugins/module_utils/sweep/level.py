@@ -212,4 +212,3 @@ def gc_restore(info):
     return {"mode": info["mode"], "collections": info["collections"],
             "pause_ms_total": round(info["pause_ms_total"], 3),
             "pause_ms_max": round(info["pause_ms_max"], 3)}
-

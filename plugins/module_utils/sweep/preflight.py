@@ -261,4 +261,3 @@ class PreflightMixin(object):
         if counters.get("output_tokens") is None:
             return None
         return counters
-

@@ -44,7 +44,7 @@ def test_the_old_port_listeners_name_runs_port_listeners_info():
             [os.path.join(os.path.dirname(sys.executable), "ansible"), "localhost", "-i",
              "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
              "-m", "vllm_ops.deploy.port_listeners", "-a", json.dumps({"ports": [PORT]})],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
     finally:
         sock.close()
     assert out.returncode == 0, out.stdout + out.stderr
