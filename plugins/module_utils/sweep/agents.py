@@ -34,7 +34,6 @@ def best_offset(pings):
             "error_bound_ms": round(rtt * 500.0, 3), "pings": len(pings)}
 
 
-
 def agent_name(i, lg):
     return "load generator %s:%d (load_generators[%d])" % (lg["host"], lg["port"], i)
 

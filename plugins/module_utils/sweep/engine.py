@@ -245,7 +245,6 @@ class Sweep(PreflightMixin, WorkersMixin):
         summary["server_check"] = server_cross_check(before, after, records)
         return summary, records, (w0, w1)
 
-
     def _open_native(self):
         """stream_transport native: the requests' own keep-alive connections (sweep_stream)."""
         if self.s.stream_transport != "native":
@@ -362,8 +361,6 @@ class Sweep(PreflightMixin, WorkersMixin):
             d["measured"] = bool(r.start >= w0 and r.end <= w1)
             fh.write(json.dumps(d, sort_keys=True) + "\n")
         fh.flush()
-
-
 
 
 def loop_factory(choice="auto"):

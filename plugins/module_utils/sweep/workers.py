@@ -325,7 +325,6 @@ class Pool(object):
             c.close()
 
 
-
 def _child_main(sweep, conn, index):
     sweep.pool = None
     sweep.child_index = index
