@@ -19,9 +19,10 @@ import glob
 import os
 import re
 
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.service.secrets import is_secret_name
+
 MARKER = "# vLLM OpenAI-compatible server, instance "
 UNIT_RE = re.compile(r"^vllm-([a-z0-9][a-z0-9_-]{0,39})\.service$")
-SECRET_KEY = re.compile(r"(?i)(token|api_key|secret|password)")
 REDACTED = "<secret>"
 
 
@@ -70,7 +71,7 @@ def parse_env(text):
 
 
 def redact(env):
-    return dict((k, REDACTED if SECRET_KEY.search(k) else v) for k, v in env.items())
+    return dict((k, REDACTED if is_secret_name(k) else v) for k, v in env.items())
 
 
 def parse_unit(text):

@@ -14,8 +14,11 @@ import hashlib
 import json
 import re
 
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.service.secrets import (
+    SECRET_NAME_PATTERN)
+
 # Environment variables never hashed (nor shown in provenance): the names of secrets.
-SECRET_ENV = r"(?i)(^|_)(TOKEN|API_KEY|APIKEY|SECRET|PASSWORD|PASSWD|ACCESS_KEY|CREDENTIALS?|PRIVATE_KEY)($|_)"
+SECRET_ENV = SECRET_NAME_PATTERN
 
 # The sweep settings that change what is measured.
 SWEEP_KEYS = ("levels", "input_len", "output_len", "duration_s", "slo_ttft_ms", "slo_tpot_ms",

@@ -20,6 +20,8 @@ from __future__ import annotations
 import copy
 import re
 
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.service.secrets import SECRET_NAME
+
 ENTRYPOINT = ["-m", "vllm.entrypoints.openai.api_server"]
 
 REQUIRED_KEYS = ("name", "description", "model", "parallel", "args", "env", "gpu",
@@ -44,7 +46,7 @@ OWNED_FLAGS = {
 }
 SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size",
                "-dp": "--data-parallel-size"}
-SECRET_ENV = re.compile(r"(^|_)(TOKEN|API_KEY|SECRET|PASSWORD|ACCESS_KEY)($|_)", re.I)
+SECRET_ENV = SECRET_NAME  # the collection's list of secret names
 SECRET_VALUE = re.compile(r"(\bhf_[A-Za-z0-9]{20,}|\bsk-[A-Za-z0-9_-]{16,})")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
