@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.settings import check_levels
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.benchmark import record as benchmark
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.benchmark.report import compact_level
 
@@ -36,9 +37,20 @@ def vllm_public_env(env, secret_pattern=None):
         raise AnsibleFilterError("vllm_public_env: %s" % exc)
 
 
+def levels_problem(levels, name="levels", ascending=False):
+    """What is wrong with a list of concurrency levels ("" when nothing), for a role's assert:
+    the sweep's own check (check_levels), integer strings accepted."""
+    try:
+        check_levels(levels, name, ascending=ascending, coerce=True)
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
 class FilterModule(object):
     def filters(self):
         return {"vllm_sweep_compact": vllm_sweep_compact,
                 "vllm_benchmark_config": vllm_benchmark_config,
                 "vllm_benchmark_fingerprint": vllm_benchmark_fingerprint,
-                "vllm_public_env": vllm_public_env}
+                "vllm_public_env": vllm_public_env,
+                "levels_problem": levels_problem}

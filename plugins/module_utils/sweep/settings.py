@@ -34,16 +34,36 @@ def default_min_requests(concurrency):
     return max(2 * concurrency, 8)
 
 
+def check_levels(levels, name="levels", ascending=False, coerce=False):
+    """The one check of a list of concurrency levels: at least one, each a positive integer,
+    none repeated (and ascending when asked). ``coerce``: integer strings ("4") count as
+    integers (levels from a command line or an inventory). Returns the levels as ints; raises
+    ValueError naming ``name``."""
+    if isinstance(levels, str) or not isinstance(levels, (list, tuple)) or not levels:
+        raise ValueError("%s must list at least one concurrency, got %r" % (name, levels))
+    out, bad = [], []
+    for c in levels:
+        v = c
+        if coerce and isinstance(c, str) and c.strip().isdigit():
+            v = int(c.strip())
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            bad.append(c)
+        out.append(v)
+    if bad:
+        raise ValueError("%s must be positive integers, got %s in %s" % (name, bad, list(levels)))
+    if len(set(out)) != len(out):
+        raise ValueError("%s must not repeat a concurrency: %s" % (name, out))
+    if ascending and out != sorted(out):
+        raise ValueError("%s must be ascending, got %s" % (name, out))
+    return out
+
+
 def check_params(p):
     """Validate the sweep parameters (a dict); raise SweepError naming the variable."""
-    levels = p.get("levels") or []
-    if not levels:
-        raise SweepError("levels must list at least one concurrency")
-    bad = [c for c in levels if not isinstance(c, int) or c <= 0]
-    if bad:
-        raise SweepError("levels must be positive integers, got %s in %s" % (bad, levels))
-    if len(set(levels)) != len(levels):
-        raise SweepError("levels must not repeat a concurrency: %s" % (levels,))
+    try:
+        check_levels(p.get("levels") or [])
+    except ValueError as e:
+        raise SweepError(str(e))
     for key in ("input_len", "output_len"):
         if not isinstance(p.get(key), int) or p[key] <= 0:
             raise SweepError("%s must be a positive integer, got %r" % (key, p.get(key)))

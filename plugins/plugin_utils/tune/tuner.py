@@ -28,6 +28,7 @@ from ansible_collections.vllm_ops.deploy.plugins.module_utils.service import (
     vllm_capacity_plan as capacity_plan)
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.service.vllm_correctness import (
     DEFAULT_THRESHOLDS)
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.settings import check_levels
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.service.profiles import (
     load_profile)
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.tune import report as rep
@@ -83,10 +84,10 @@ class Tuner(object):
         strategy = "grid" if o["grid"] else o["strategy"]
         if strategy not in vt.STRATEGIES:
             raise TuneError("strategy %r is not one of %s" % (strategy, ", ".join(vt.STRATEGIES)))
-        levels = sorted(int(x) for x in o["levels"])
-        if not levels or levels[0] < 1:
-            raise TuneError("levels must be positive integers, got %r" % (levels,))
-        self.levels = levels
+        try:
+            self.levels = sorted(check_levels(list(o["levels"] or []), coerce=True))
+        except (TypeError, ValueError) as exc:
+            raise TuneError(str(exc))
         self.prof = load_profile(self.profile, overrides=o["profile_overrides"] or None)
         cfg = None
         if o["model_config"]:
