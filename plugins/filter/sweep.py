@@ -37,6 +37,11 @@ def vllm_public_env(env, secret_pattern=None):
         raise AnsibleFilterError("vllm_public_env: %s" % exc)
 
 
+def vllm_benchmark_record(sweep, target, config, fingerprint, context=None):
+    """The record of one instance's sweep stored in host_vars (see record.build_record)."""
+    return benchmark.build_record(sweep, target, config, fingerprint, context)
+
+
 def levels_problem(levels, name="levels", ascending=False):
     """What is wrong with a list of concurrency levels ("" when nothing), for a role's assert:
     the sweep's own check (check_levels), integer strings accepted."""
@@ -53,4 +58,5 @@ class FilterModule(object):
                 "vllm_benchmark_config": vllm_benchmark_config,
                 "vllm_benchmark_fingerprint": vllm_benchmark_fingerprint,
                 "vllm_public_env": vllm_public_env,
+                "vllm_benchmark_record": vllm_benchmark_record,
                 "levels_problem": levels_problem}

@@ -16,6 +16,7 @@ import re
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.service.secrets import (
     SECRET_NAME_PATTERN)
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.benchmark.report import compact_level
 
 # Environment variables never hashed (nor shown in provenance): the names of secrets.
 SECRET_ENV = SECRET_NAME_PATTERN
@@ -81,3 +82,69 @@ def fingerprint(config):
     """16 hex digits of the sha256 of the configuration as canonical JSON."""
     text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+# --- the record stored per instance (vllm_benchmark_results.instances.<name>) ----------------
+# Keys of a record's provenance, in the order they are written.
+PROVENANCE_KEYS = ("host", "instance", "unit", "url", "load_generator", "load_generators",
+                   "model", "model_dir", "profile", "vllm_version", "torch_version", "argv",
+                   "env", "gpus", "report_dir")
+
+
+def build_record(sweep, target, config, fingerprint_, context):
+    """The record of one instance's sweep, as the vllm_benchmark role stores it in host_vars
+    and every reader (vllm_deploy's results, the monitoring rules, the reports) reads it.
+
+    sweep: the vllm_sweep module's facts; target: the instance as vllm_service publishes it
+    (name, url, model, unit, gpus); config: instance_config(); fingerprint_: its fingerprint;
+    context: {host, load_generator, load_generators, torch_version, gpus (the host's
+    gpu_facts GPUs), report_dir, measured_at, levels (the levels asked for)}."""
+    context = context or {}
+    ran = [lv.get("concurrency") for lv in sweep.get("levels") or []]
+    asked = [int(c) for c in context.get("levels") or []]
+    gpus = context.get("gpus") or []
+    if target.get("gpus") is not None:
+        gpus = [g for g in gpus if g.get("index") in target["gpus"]]
+    prov = {
+        "host": context.get("host"),
+        "instance": target.get("name"),
+        "unit": target.get("unit") or "",
+        "url": target.get("url"),
+        "load_generator": context.get("load_generator"),
+        "load_generators": list(context.get("load_generators") or []),
+        "model": target.get("model"),
+        "model_dir": config.get("model_dir"),
+        "profile": config.get("profile"),
+        "vllm_version": config.get("vllm"),
+        "torch_version": context.get("torch_version") or "",
+        "argv": config.get("argv"),
+        "env": config.get("env"),
+        "gpus": [g.get("name") for g in gpus],
+        "report_dir": context.get("report_dir") or "",
+    }
+    return {
+        "fingerprint": fingerprint_,
+        "measured_at": context.get("measured_at"),
+        "provenance": dict((k, prov[k]) for k in PROVENANCE_KEYS),
+        "parameters": sweep.get("parameters"),
+        "headline": sweep.get("headline"),
+        "stop_reason": sweep.get("stop_reason"),
+        "stopped_early": len(ran) < len(asked),
+        "levels_not_run": [c for c in asked if c not in ran],
+        "levels": [compact_level(lv) for lv in sweep.get("levels") or []],
+    }
+
+
+def instance_records(results):
+    """{instance name: record} of a host's ``vllm_benchmark_results``: its ``instances``; a file
+    written before instances were swept one by one holds one record, named after the instance
+    of its provenance, else ``main``. {} when there is no result."""
+    if not isinstance(results, dict):
+        return {}
+    per = results.get("instances")
+    if isinstance(per, dict) and per:
+        return dict((str(k), v) for k, v in per.items() if isinstance(v, dict))
+    if "levels" not in results:
+        return {}
+    name = (results.get("provenance") or {}).get("instance") or "main"
+    return {str(name): results}
