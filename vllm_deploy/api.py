@@ -13,6 +13,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 import yaml
 
+from .collection import plugin_module
 from .errors import PlaybookFailed, UsageError
 from .events import EventCollector
 from .results import (DeployResult, Endpoint, HostResult, HostStats, HostStatus,
@@ -59,14 +60,12 @@ def _levels(levels) -> Optional[List[int]]:
     if levels is None:
         return None
     if isinstance(levels, str):
-        levels = [x for x in levels.split(",") if x.strip()]
+        levels = [x.strip() for x in levels.split(",") if x.strip()]
     try:
-        out = [int(x) for x in levels]
-    except (TypeError, ValueError):
-        raise UsageError("levels must be positive integers, got %r" % (levels,)) from None
-    if not out or min(out) < 1:
-        raise UsageError("levels must be positive integers, got %r" % (levels,))
-    return out
+        return plugin_module("module_utils.sweep.settings").check_levels(
+            list(levels) if isinstance(levels, (list, tuple)) else levels, coerce=True)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def deploy(inventory, limit: Optional[str] = None, extravars: Optional[Dict[str, Any]] = None,

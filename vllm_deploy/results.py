@@ -5,6 +5,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from .collection import plugin_module
+
 
 def _fields(obj):
     return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
@@ -151,14 +153,11 @@ class SweepSummary(_ToDict):
         top = cls._record(host, fact)
         if top is None:
             return None
-        records = fact.get("instances")
-        if isinstance(records, dict) and records:
-            for name, record in records.items():
-                summary = cls._record(host, record, name=str(name))
-                if summary is not None:
-                    top.instances[str(name)] = summary
-        else:
-            top.instances[top.instance or "main"] = cls._record(host, fact, name=top.instance)
+        records = plugin_module("plugin_utils.benchmark.record").instance_records(fact)
+        for name, record in records.items():
+            summary = cls._record(host, record, name=name)
+            if summary is not None:
+                top.instances[name] = summary
         return top
 
     @classmethod

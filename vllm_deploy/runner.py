@@ -23,22 +23,13 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import yaml
 
+from .collection import plugin_module, project_root
 from .errors import AnsibleNotAvailable, InventoryNotFound, UnknownProfile, UnknownTag, UsageError
 from .events import EventCollector
 
 SPECIAL_TAGS = ("all", "always", "never", "tagged", "untagged")
 COLLECTION = "vllm_ops.deploy"  # this checkout, through collections/ansible_collections/
 EventCallback = Callable[[Dict[str, Any]], None]
-
-
-def project_root() -> str:
-    """The repository holding playbooks/, roles/ and plugins/ (env VLLM_DEPLOY_ROOT wins)."""
-    root = os.environ.get("VLLM_DEPLOY_ROOT") or os.path.dirname(
-        os.path.dirname(os.path.abspath(__file__)))
-    if not os.path.isfile(os.path.join(root, "playbooks", "deploy.yml")):
-        raise UsageError("no playbooks/deploy.yml under %s: set VLLM_DEPLOY_ROOT to the "
-                         "vllm-deploy repository" % root)
-    return root
 
 
 def envvars(root: str) -> Dict[str, str]:
@@ -96,13 +87,8 @@ def inventory_dirs(inventory) -> List[str]:
 
 
 def collection_profiles(root: str):
-    """The collection's profile loader (plugins/plugin_utils/vllm_profiles.py), imported from
-    the repository's collections path, as Ansible and the tests import it."""
-    path = os.path.join(root, "collections")
-    if path not in sys.path:
-        sys.path.insert(0, path)
-    from ansible_collections.vllm_ops.deploy.plugins.plugin_utils import vllm_profiles
-    return vllm_profiles
+    """The collection's profile loader (plugins/plugin_utils/service/profiles.py)."""
+    return plugin_module("plugin_utils.service.profiles", root)
 
 
 def known_profiles(root: str, dirs: Optional[Sequence[str]] = None) -> List[str]:

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 """Action plugin vllm_ops.deploy.vllm_report: sweep reports and comparisons on the controller
-(see plugins/modules/vllm_report.py for the documentation, plugin_utils/sweep_report.py for
+(see plugins/modules/vllm_report.py for the documentation, plugin_utils/benchmark/report.py for
 the code)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.vllm_ops.deploy.plugins.plugin_utils import sweep_report
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.benchmark import report as sweep_report
 
 _ARGS = {
     "mode": {"type": "str", "choices": ["render", "compare", "table"], "default": "render"},

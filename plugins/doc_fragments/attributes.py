@@ -26,6 +26,19 @@ attributes:
     platforms: posix
 """
 
+    # Read-only modules (the _info and _facts modules, plans and checks): they change nothing on
+    # the host, so they run the same in check mode and have no diff. A module may add its own
+    # details.
+    INFO = r"""
+options: {}
+attributes:
+  check_mode:
+    support: full
+    details: Reads only; the same in check mode.
+  diff_mode:
+    support: none
+"""
+
     # Modules that return facts.
     FACTS = r"""
 options: {}

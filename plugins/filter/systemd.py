@@ -8,6 +8,7 @@ double quote, `$` and `%` escaped (`$$` and `%%` are systemd's own escapes).
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.service.secrets import secret_names
 
 
 def _check(value, what):
@@ -51,4 +52,5 @@ class FilterModule(object):
             "systemd_quote": systemd_quote,
             "systemd_exec_args": systemd_exec_args,
             "systemd_env_line": systemd_env_line,
+            "secret_names": secret_names,
         }

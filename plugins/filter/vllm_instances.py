@@ -1,20 +1,20 @@
-"""Filters over plugins/module_utils/vllm_instances.py: resolve and check a host's vLLM
+"""Filters over plugins/plugin_utils/service/instances.py: resolve and check a host's vLLM
 instances, and what other roles need of them. The logic (and its unit tests) is in module_utils."""
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.vllm_ops.deploy.plugins.module_utils import vllm_host_state as _hs
-from ansible_collections.vllm_ops.deploy.plugins.module_utils import vllm_instances as _vi
-from ansible_collections.vllm_ops.deploy.plugins.module_utils import vllm_transition as _tx
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_profile import ProfileError
-from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.vllm_profiles import load_profile
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.service import vllm_instance as _hs
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.service import instances as _vi
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.service import transition as _tx
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.service.profile_schema import ProfileError
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.service.profiles import load_profile
 
 
 def vllm_resolve_instances(instances, defaults, profile_dirs=None, gpu_count=None,
                            model_limits=None):
     """Resolve and check a host's instances (see vllm_instances.resolve_instances); each
-    instance's profile comes from the collection's profile loader (plugin_utils/vllm_profiles),
+    instance's profile comes from the collection's profile loader (plugin_utils/service/profiles),
     merged with the instance's profile_overrides and validated there.
 
     Returns {'instances': [...], 'errors': [...]}; the role asserts that errors is empty, so
@@ -58,7 +58,7 @@ def vllm_model_limits(configs, tokenizer_configs=None):
 
 def vllm_transition_plan(declared, host_instances, changed=None, restart_all=None,
                          remove_undeclared=True, listeners=None, restart=None):
-    """What vllm_service's transition does on a host (see module_utils/vllm_transition.plan):
+    """What vllm_service's transition does on a host (see plugin_utils/service/transition.plan):
     which instances start, are written, stopped first, removed or kept, what a rollback
     restores, one line per change, and the refusals (ports, GPU sets of kept instances).
     restart: {name: [reasons]} restarts those instances only (new weights in their model_dir)."""

@@ -1,4 +1,4 @@
-"""Filters over plugins/module_utils/vllm_monitoring.py: the monitoring plan (Prometheus
+"""Filters over plugins/plugin_utils/monitoring/plan.py: the monitoring plan (Prometheus
 scrape jobs from the inventory, alert and benchmark rules), the Grafana dashboard and its
 queries. The logic (and its unit tests) stays in module_utils.
 """
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.vllm_ops.deploy.plugins.module_utils import vllm_monitoring as _vm
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_profile import ProfileError
-from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.vllm_profiles import (
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.monitoring import plan as _vm
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.service.profile_schema import ProfileError
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.service.profiles import (
     known_profiles, load_profile)
 
 # Variables read of each vLLM host (nothing else of hostvars is touched; the API key only

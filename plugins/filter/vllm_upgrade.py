@@ -1,10 +1,10 @@
 """Filters of vllm_install's upgrade gate (the logic is in
-plugins/module_utils/vllm_upgrade_gate.py)."""
+plugins/plugin_utils/upgrade/gate.py)."""
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.vllm_ops.deploy.plugins.module_utils import vllm_upgrade_gate as gate
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.upgrade import gate
 
 
 def vllm_upgrade_decision(candidate_levels, current_levels, correctness, coherence=None,

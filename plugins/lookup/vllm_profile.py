@@ -56,8 +56,8 @@ _raw:
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_profile import ProfileError
-from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.vllm_profiles import load_profile
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.service.profile_schema import ProfileError
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.service.profiles import load_profile
 
 
 class LookupModule(LookupBase):

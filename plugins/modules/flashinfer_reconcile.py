@@ -133,7 +133,7 @@ import subprocess
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.flashinfer_reconcile import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.install.flashinfer_reconcile import (
     DEFAULT_CUBIN_INDEX_URL, DEFAULT_JIT_CACHE_INDEX_URL, PACKAGES, ReconcileError, action_argv,
     describe, plan_reconcile, predict_versions, public_actions, torch_cuda_version,
     versions_diff)

@@ -77,12 +77,7 @@ extends_documentation_fragment:
   - vllm_ops.deploy.attributes
   - vllm_ops.deploy.attributes.PLATFORM
   - vllm_ops.deploy.attributes.FACTS
-attributes:
-  check_mode:
-    support: full
-    details: Reads only; the same in check mode.
-  diff_mode:
-    support: none
+  - vllm_ops.deploy.attributes.INFO
 author:
   - vllm-deploy contributors (@vllm-ops)
 """
@@ -150,9 +145,9 @@ import os
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.gpu_topology import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.host.gpu_facts import (
     NvidiaSmiParseError, QUERY_GPU_ARGS, build_facts)
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.nccl_env import derive, preflight
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.host.nccl_env import derive, preflight
 
 
 def _read(path):

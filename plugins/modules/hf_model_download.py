@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 """Ansible module: pinned Hugging Face weight download with preflight, verify and manifest
-(the logic is in plugins/module_utils/hf_download.py and hf_weights.py)."""
+(the logic is in plugins/module_utils/weights/hf_model_download.py and hf_weights.py)."""
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -306,7 +306,7 @@ reason:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.hf_download import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.weights.hf_model_download import (
     DownloadFailed, download)
 
 

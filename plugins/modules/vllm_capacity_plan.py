@@ -103,12 +103,7 @@ options:
 extends_documentation_fragment:
   - vllm_ops.deploy.attributes
   - vllm_ops.deploy.attributes.PLATFORM
-attributes:
-  check_mode:
-    support: full
-    details: Reads only; the same in check mode.
-  diff_mode:
-    support: none
+  - vllm_ops.deploy.attributes.INFO
 author:
   - vllm-deploy contributors (@vllm-ops)
 """
@@ -160,7 +155,7 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.capacity_plan import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.service.vllm_capacity_plan import (
     GIB, PlanError, estimate_weights_bytes, plan)
 
 

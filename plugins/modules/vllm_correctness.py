@@ -109,12 +109,10 @@ extends_documentation_fragment:
   - vllm_ops.deploy.attributes
   - vllm_ops.deploy.attributes.PLATFORM
   - vllm_ops.deploy.attributes.FACTS
+  - vllm_ops.deploy.attributes.INFO
 attributes:
   check_mode:
-    support: full
     details: Only reads (a few greedy completions), so it runs the same in check mode.
-  diff_mode:
-    support: none
 author:
   - vllm-deploy contributors (@vllm-ops)
 """
@@ -194,7 +192,7 @@ summary:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_correctness import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.service.vllm_correctness import (
     CorrectnessError, check_params, run_check, summary_line)
 
 

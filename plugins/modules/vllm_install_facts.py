@@ -21,12 +21,7 @@ extends_documentation_fragment:
   - vllm_ops.deploy.attributes
   - vllm_ops.deploy.attributes.PLATFORM
   - vllm_ops.deploy.attributes.FACTS
-attributes:
-  check_mode:
-    support: full
-    details: Reads only; the same in check mode.
-  diff_mode:
-    support: none
+  - vllm_ops.deploy.attributes.INFO
 author:
   - vllm-deploy contributors (@vllm-ops)
 """
@@ -79,7 +74,7 @@ import platform
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.flashinfer_reconcile import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.install.flashinfer_reconcile import (
     torch_cuda_version)
 
 try:

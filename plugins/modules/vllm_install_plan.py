@@ -143,12 +143,10 @@ options:
 extends_documentation_fragment:
   - vllm_ops.deploy.attributes
   - vllm_ops.deploy.attributes.PLATFORM
+  - vllm_ops.deploy.attributes.INFO
 attributes:
   check_mode:
-    support: full
     details: Plans only (no change on the host); the same in check mode.
-  diff_mode:
-    support: none
 author:
   - vllm-deploy contributors (@vllm-ops)
 """
@@ -221,9 +219,9 @@ import platform
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_install_plan import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.install.vllm_install_plan import (
     check_installed, plan)
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_source import SourceError
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.install.vllm_source import SourceError
 
 SOURCE_KEYS = ("commit", "variant", "pypi_version", "wheel_url", "wheelhouse_dir",
                "wheelhouse_package", "wheelhouse_version", "cpu_version")

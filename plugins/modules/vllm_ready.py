@@ -134,7 +134,7 @@ restarts_baseline:
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_http import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.service.vllm_ready import (
     EndpointError, LoadTimeout, wait_ready)
 
 

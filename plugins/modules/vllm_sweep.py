@@ -458,9 +458,9 @@ import sys
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.vllm_sweep import (
     HAS_AIOHTTP, SweepError, check_params, failure_message, run_agent, run_sweep, stop_agents)
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import format_table
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.metrics import format_table
 
 
 def base_url(url):

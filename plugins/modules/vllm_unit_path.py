@@ -41,12 +41,7 @@ options:
 extends_documentation_fragment:
   - vllm_ops.deploy.attributes
   - vllm_ops.deploy.attributes.PLATFORM
-attributes:
-  check_mode:
-    support: full
-    details: Reads only; the same in check mode.
-  diff_mode:
-    support: none
+  - vllm_ops.deploy.attributes.INFO
 author:
   - vllm-deploy contributors (@vllm-ops)
 """
@@ -80,7 +75,7 @@ searched:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.unit_path import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.host.vllm_unit_path import (
     UnitPathError, build, candidates)
 
 

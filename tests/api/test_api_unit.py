@@ -357,7 +357,7 @@ def test_report_shows_the_trend_across_accepted_pins(inventory, capsys, monkeypa
 
 def test_compare_overlays_two_pins_of_an_upgrade_history(tmp_path):
     import yaml
-    from ansible_collections.vllm_ops.deploy.plugins.plugin_utils import sweep_report
+    from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.benchmark import report as sweep_report
     f = tmp_path / "vllm_upgrades.yml"
     lv = [{"concurrency": 1, "output_tok_s": 10.0}, {"concurrency": 2, "output_tok_s": 18.0}]
     f.write_text(yaml.safe_dump(_upgrades([

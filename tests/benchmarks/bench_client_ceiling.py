@@ -213,7 +213,7 @@ def start_stub(processes, tokens_per_write=1, ttft_s=0.0, itl_s=0.0):
 # --- one client run --------------------------------------------------------------------------
 def run_client(url, processes, concurrency, duration_s, output_len, input_len, gc_on=False,
                transport="native"):
-    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import run_sweep
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.vllm_sweep import run_sweep
     params = {"base_url": url, "model": MODEL, "levels": [concurrency], "input_len": input_len,
               "output_len": output_len, "duration_s": duration_s, "request_timeout_s": 120,
               "saturation_threshold": 0.1, "stop_on_saturation": False,

@@ -103,8 +103,9 @@ def main(argv=None):
     ap.add_argument("--work-dir", default=None, help="default: a temporary directory")
     args = ap.parse_args(argv)
 
-    sys.path.insert(0, os.path.join(ROOT, "plugins", "module_utils"))
-    from hf_weights import read_manifest, verify_local_dir  # pure Python, no Ansible needed
+    sys.path.insert(0, os.path.join(ROOT, "collections"))
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.weights.hf_weights import (  # noqa: E402
+        read_manifest, verify_local_dir)  # pure Python, no Ansible needed
 
     venv = default_venv()
     py = os.path.join(venv, "bin", "python")

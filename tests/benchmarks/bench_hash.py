@@ -31,7 +31,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "collections"))
 
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.weights_hash import (  # noqa: E402
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.weights.weights_hash import (  # noqa: E402
     BLOCK_BYTES, auto_workers, hash_files)
 
 

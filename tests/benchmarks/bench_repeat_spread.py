@@ -45,7 +45,7 @@ def main(argv=None):
     ap.add_argument("--json-out")
     args = ap.parse_args(argv)
     sys.path.insert(0, os.path.abspath(args.collections))
-    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import run_sweep
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.vllm_sweep import run_sweep
     extra = {}
     for kv in args.param:
         k, _sep, v = kv.partition("=")

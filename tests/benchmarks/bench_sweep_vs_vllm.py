@@ -3,8 +3,8 @@
 Two long-lived worker processes run under the vLLM venv's python (--vllm-python), each started
 once, so that neither tool pays its interpreter start and imports per run:
 
-* "ours" imports plugins/module_utils/sweep_client.py (as
-  ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client, through the
+* "ours" imports plugins/module_utils/sweep/vllm_sweep.py (as
+  ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.vllm_sweep, through the
   repository's collections path) and runs ``run_sweep`` for one level per job;
 * "vllm" imports ``vllm.benchmarks.serve`` once and calls its ``main(args)`` per job (random
   dataset, --ignore-eos, --request-rate inf, --max-concurrency C, a fresh --seed per run so
@@ -448,8 +448,8 @@ def serve_jobs(handler, rfile, wfile, cpu=self_cpu, clock=time.perf_counter):
 
 def _ours_handler(collections_path):
     sys.path.insert(0, collections_path)
-    from ansible_collections.vllm_ops.deploy.plugins.module_utils import sweep_client as sc
-    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import run_sweep
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep import engine as sc
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.vllm_sweep import run_sweep
     info = {"aiohttp": getattr(sc.aiohttp, "__version__", None)}
 
     def handler(job):
@@ -626,7 +626,7 @@ def scrape(metrics_url):
     """Server counters from /metrics, or None when unreadable."""
     if COLLECTIONS not in sys.path:
         sys.path.insert(0, COLLECTIONS)
-    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import (
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.prometheus import (
         server_counters)
     try:
         with urllib.request.urlopen(metrics_url, timeout=10) as r:

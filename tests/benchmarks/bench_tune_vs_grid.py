@@ -129,7 +129,7 @@ def compare(a):
     tie, tie_why = False, None
     if not same and sw["id"] in grows:
         sys.path.insert(0, os.path.join(ROOT, "collections"))
-        from ansible_collections.vllm_ops.deploy.plugins.module_utils import vllm_tune as vt
+        from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.tune import search as vt
         a, b = grows[gw["id"]], grows[sw["id"]]
         v = vt.decide(dict(a, _m=vt._interval_m(a)), dict(b, _m=vt._interval_m(b)))
         tie, tie_why = v["verdict"] == "tie", vt._reason(v)

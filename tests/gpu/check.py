@@ -196,10 +196,10 @@ def make_arch(args):
     numbers of the real model) with fewer layers, and a small real tokenizer that holds the
     profile's parser tokens. Served with --load-format dummy (no weight files)."""
     sys.path.insert(0, os.path.join(ROOT, "tests", "harness"))
-    sys.path.insert(0, os.path.join(ROOT, "plugins", "module_utils"))
+    sys.path.insert(0, os.path.join(ROOT, "plugins", "module_utils", "service"))
     import random
 
-    import capacity_plan as cp
+    import vllm_capacity_plan as cp
     import make_tiny_model as mtm
     with open(args.fixture) as f:
         cfg = json.load(f)
@@ -263,8 +263,8 @@ def parse_log(text):
 
 
 def capacity(args):
-    sys.path.insert(0, os.path.join(ROOT, "plugins", "module_utils"))
-    import capacity_plan as cp
+    sys.path.insert(0, os.path.join(ROOT, "plugins", "module_utils", "service"))
+    import vllm_capacity_plan as cp
     with open(os.path.join(args.model_dir, "config.json")) as f:
         cfg = json.load(f)
     weights = cp.estimate_weights_bytes(cfg)  # dummy weights: nothing on disk to measure

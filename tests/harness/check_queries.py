@@ -18,7 +18,7 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The checkout is the collection vllm_ops.deploy through collections/ (README: Layout).
 sys.path.insert(0, os.path.join(ROOT, "collections"))
-from ansible_collections.vllm_ops.deploy.plugins.module_utils import vllm_monitoring as vm  # noqa: E402
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.monitoring import plan as vm  # noqa: E402
 
 FINITE_EXCLUDED = ("NaN", "+Inf", "-Inf")
 

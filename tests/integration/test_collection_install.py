@@ -98,7 +98,7 @@ def test_the_tarball_holds_the_collection_and_none_of_the_checkouts_state(instal
     assert manifest["collection_info"]["name"] == "deploy"
     for must in ("meta/runtime.yml", "playbooks/deploy.yml", "roles/vllm_deploy/defaults/main.yml",
                  "plugins/modules/vllm_sweep.py", "plugins/action/vllm_ready.py",
-                 "plugins/lookup/vllm_profile.py", "plugins/plugin_utils/vllm_profiles.py",
+                 "plugins/lookup/vllm_profile.py", "plugins/plugin_utils/service/profiles.py",
                  "plugins/doc_fragments/attributes.py", "profiles/cpu-tiny.yml",
                  "tests/sanity/ignore-2.19.txt", "docs/benchmarks/2026-11-29-h200.md"):
         assert must in names, must

@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.hf_weights import file_complete
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.weights.hf_weights import file_complete
 
 pytestmark = pytest.mark.slow
 

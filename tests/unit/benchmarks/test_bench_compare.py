@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.metrics import (
     Record, summarize_level)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

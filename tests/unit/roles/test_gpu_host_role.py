@@ -13,7 +13,7 @@ import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
-from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.vllm_profiles import load_profile
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.service.profiles import load_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 ROLE = os.path.join(ROOT, "roles", "gpu_host")

@@ -15,8 +15,8 @@ import yaml
 
 from ansible_collections.vllm_ops.deploy.plugins.filter import systemd as systemd_filters
 from ansible_collections.vllm_ops.deploy.plugins.filter import vllm_instances as instance_filters
-from ansible_collections.vllm_ops.deploy.plugins.module_utils import unit_path
-from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.vllm_profiles import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.host import vllm_unit_path as unit_path
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.service.profiles import (
     known_profiles, load_profile)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

@@ -1,6 +1,6 @@
 """plugins/filter/sweep.py: the compact per-level view kept in host_vars."""
 from ansible_collections.vllm_ops.deploy.plugins.filter import sweep as flt
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_metrics import (
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.metrics import (
     Record, summarize_level)
 
 

@@ -1,0 +1,303 @@
+# -*- coding: utf-8 -*-
+"""The autotuner's orchestration: find the fastest correct serving layout of one host under a
+latency SLO.
+
+Each candidate is served through the normal service path (the playbook vllm_ops.deploy.tune: the
+vllm_service role with the candidate's instances, readiness included) and measured with the
+sweep, all its instances at once; the search (search.py) decides what runs next. vLLM's compile
+caches (torch.compile / inductor / triton under the service user's ~/.cache) are kept between
+restarts: they belong to the service home, which no candidate touches.
+
+At the end the host's own configuration (the inventory's) is served again, unless ``apply``:
+then the winner's instances are written into host_vars/<host>/vllm_tune.yml (next to the
+ranked table, the winner and the evidence) and served. A later deploy serves the winner too,
+since that file is part of the inventory.
+
+:class:`Tuner` runs nothing itself: ``play(extravars)`` runs the tune playbook for the host and
+returns ``{"rc", "facts", "failure"}`` (the vllm_deploy API passes one over ansible-runner).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import yaml
+
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.service import (
+    vllm_capacity_plan as capacity_plan)
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.service.vllm_correctness import (
+    DEFAULT_THRESHOLDS)
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.settings import check_levels
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.service.profiles import (
+    load_profile)
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.tune import report as rep
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.tune import search as vt
+
+TUNE_FILE = "vllm_tune.yml"
+TuneError = vt.TuneError
+
+
+class TuneServeError(TuneError):
+    """Serving the host's configuration again (or the winner's) failed after the search."""
+
+
+# The tuner's settings and their defaults (vllm_deploy.tune() documents each).
+DEFAULTS = {
+    "slo_class": None, "ttft_ms": None, "tpot_ms": None, "slo_scale": 1.0, "params_b": None,
+    "moe": False, "budget_minutes": None, "budget_candidates": None, "knobs": None,
+    "instances": None, "tensor_parallel": None, "expert_parallel": None, "data_parallel": None,
+    "nccl_profiles": None, "gpu_count": 0, "gpu_memory_mib": None, "model_config": None,
+    "weights_bytes": None, "max_model_len": None, "levels": (1, 2, 4, 8),
+    "base_window_s": 3.0, "eta": 2, "max_rounds": 3, "input_len": 32, "output_len": 32,
+    "port": 8000, "listen_host": None, "reference": None, "min_match": 0.9,
+    "max_logprob_gap": None, "pinned": None, "dummy_weights": False, "apply": False,
+    "restore": True, "grid": False, "strategy": "auto", "profile_overrides": None,
+    "extra_args": None, "extravars": None,
+}
+
+
+class Tuner(object):
+    """One tuning run of ``host`` with ``profile``; ``settings`` are DEFAULTS' names."""
+
+    def __init__(self, host, profile, play, log=None, **settings):
+        unknown = sorted(set(settings) - set(DEFAULTS))
+        if unknown:
+            raise TuneError("unknown tune setting(s): %s" % ", ".join(unknown))
+        self.host, self.profile, self.play = host, profile, play
+        self.say = log or (lambda msg: None)
+        self.o = dict(DEFAULTS, **settings)
+        self.started_units = set()
+        self.runs, self.points, self.outputs, self.ref = [], {}, {}, {}
+        self.prepare()
+
+    # --- what would be measured --------------------------------------------------------
+    def prepare(self):
+        """Check the settings and build the candidates (raises TuneError naming a setting)."""
+        o = self.o
+        self.slo = vt.resolve_slo(o["slo_class"], o["ttft_ms"], o["tpot_ms"],
+                                  params_b=o["params_b"], moe=o["moe"])
+        if o["slo_scale"] != 1.0:
+            self.slo = vt.scale_slo(self.slo, o["slo_scale"])
+        self.budget = vt.check_budget(o["budget_minutes"], o["budget_candidates"])
+        knobs = vt.check_knobs(o["knobs"] or {})
+        strategy = "grid" if o["grid"] else o["strategy"]
+        if strategy not in vt.STRATEGIES:
+            raise TuneError("strategy %r is not one of %s" % (strategy, ", ".join(vt.STRATEGIES)))
+        try:
+            self.levels = sorted(check_levels(list(o["levels"] or []), coerce=True))
+        except (TypeError, ValueError) as exc:
+            raise TuneError(str(exc))
+        self.prof = load_profile(self.profile, overrides=o["profile_overrides"] or None)
+        cfg = None
+        if o["model_config"]:
+            with open(o["model_config"]) as f:
+                cfg = json.load(f)
+        has_experts = bool(cfg and capacity_plan.architecture(cfg)["experts"])
+        layouts = vt.enumerate_layouts(o["gpu_count"], o["tensor_parallel"], o["expert_parallel"],
+                                       o["data_parallel"], o["instances"], o["nccl_profiles"],
+                                       has_experts=has_experts)
+        if o["gpu_count"] and cfg is None:
+            raise TuneError("a GPU host needs model_config (the model's config.json) for the "
+                            "capacity planner")
+        weights_bytes = o["weights_bytes"]
+        if o["gpu_count"] and not weights_bytes:  # estimated layer by layer from config.json
+            weights_bytes = capacity_plan.estimate_weights_bytes(cfg)
+        admitted, self.refused = vt.admit(
+            layouts, cfg, weights_bytes,
+            (o["gpu_memory_mib"] or 0) * 1024 * 1024 if o["gpu_count"] else None,
+            max_model_len=o["max_model_len"] or self.prof.get("max_model_len"))
+        for r in self.refused:
+            self.say("refused %s: %s" % (r["id"], "; ".join(r["reasons"])))
+        par = self.prof["parallel"]
+        default_layout = {"tensor_parallel": par["tensor"], "expert_parallel":
+                          bool(par["expert_parallel"]), "data_parallel": par["data"],
+                          "instances": 1, "nccl_profile": None}
+        if not any(all(a[k] == default_layout[k] for k in default_layout) for a in admitted):
+            default_layout = None
+        every, _none = vt.build_candidates(admitted, knobs, default_layout=default_layout,
+                                           pinned=o["pinned"])
+        self.strategy, self.strategy_reason = vt.choose_strategy(strategy, every,
+                                                                 self.budget["candidates"])
+        self.say("strategy: %s" % self.strategy_reason)
+        if self.strategy == "screen":  # screening picks what it serves; the budget caps it there
+            self.cands, self.dropped = every, []
+        else:
+            self.cands, self.dropped = vt.build_candidates(
+                admitted, knobs, default_layout=default_layout,
+                max_candidates=self.budget["candidates"], pinned=o["pinned"])
+        if not self.cands:
+            raise TuneError("no candidate layout is admitted on %s: %s" % (
+                self.host, "; ".join("%s: %s" % (r["id"], r["reasons"][0]) for r in self.refused)))
+        self.say("%d candidates (%d not measured: budget), %d layouts refused"
+                 % (len(self.cands), len(self.dropped), len(self.refused)))
+        self.grid = self.strategy == "grid"
+
+    def plan(self):
+        """What would be measured and what the planner refuses; nothing runs."""
+        plan = None
+        if self.strategy == "screen":
+            dflt, singles, count = vt.screening_plan(self.cands)
+            plan = {"default": dflt["id"], "singles": [c["id"] for c in singles],
+                    "serves_at_most": count}
+        return {"host": self.host, "slo": self.slo, "budget": self.budget,
+                "strategy": self.strategy, "strategy_reason": self.strategy_reason,
+                "screening_plan": plan,
+                "candidates": [{"id": c["id"], "default": bool(c.get("default")),
+                                "plan": c.get("plan"), "note": c.get("plan_note")}
+                               for c in self.cands],
+                "refused": [{"id": r["id"], "reasons": r["reasons"]} for r in self.refused],
+                "not_measured": self.dropped}
+
+    # --- serving and measuring ---------------------------------------------------------
+    def _instances(self, cand):
+        o = self.o
+        return vt.service_instances(cand, self.prof, o["port"], host=o["listen_host"],
+                                    base_overrides=o["profile_overrides"],
+                                    base_extra_args=o["extra_args"])
+
+    def measure(self, cand, window, lv):
+        """Serve ``cand`` and sweep it over ``lv`` with ``window`` seconds per level."""
+        o, slo = self.o, self.slo
+        insts = self._instances(cand)
+        names = {i["name"] for i in insts}
+        stop = sorted("vllm-%s.service" % n for n in self.started_units - names)
+        ev = dict(o["extravars"] or {})
+        ev.update({"vllm_tune_host": self.host, "vllm_service_profile": self.profile,
+                   "vllm_service_instances": insts, "vllm_tune_stop_units": stop,
+                   "vllm_tune_levels": lv, "vllm_tune_duration_s": window,
+                   "vllm_tune_input_len": o["input_len"], "vllm_tune_output_len": o["output_len"],
+                   "vllm_tune_slo_ttft_ms": slo.get("ttft_ms") or 0,
+                   "vllm_tune_slo_tpot_ms": slo.get("tpot_ms") or 0,
+                   "vllm_tune_stop_on_saturation": not self.grid})
+        t0 = time.time()
+        res = self.play(ev)
+        self.started_units.update(i["name"] for i in insts)
+        for s in stop:
+            self.started_units.discard(s[len("vllm-"):-len(".service")])
+        elapsed = time.time() - t0
+        m = (res.get("facts") or {}).get("vllm_tune_measurement")
+        run = {"candidate": cand["id"], "window_s": window, "levels": lv,
+               "elapsed_s": round(elapsed, 1), "rc": res["rc"]}
+        self.runs.append(run)
+        if res["rc"] != 0 or not isinstance(m, dict):
+            why = res.get("failure") or "run failed (rc %s)" % res["rc"]
+            run["error"] = why[:500]
+            self.say("%s: failed: %s" % (cand["id"], why[:200]))
+            return {"levels": [], "elapsed_s": elapsed, "error": why[:500], "correctness": None}
+        combined = vt.combine_instances(m["levels"])
+        lay = cand["layout"]
+        self.points[cand["id"]] = (lay["tensor_parallel"] * lay["data_parallel"]
+                                   * lay["instances"], combined)
+        outs = m.get("correctness")
+        self.outputs.setdefault(cand["id"], outs)
+        run["stop_reasons"] = m.get("stop_reasons")
+        sc = vt.score(combined)
+        self.say("%s window %.1fs levels %s: goodput %.1f tok/s at C=%s (%.0fs)"
+                 % (cand["id"], window, lv, sc["goodput_tok_s"], sc["goodput_level"], elapsed))
+        return {"levels": combined, "elapsed_s": elapsed, "correctness": outs}
+
+    def gate(self, cand, outs):
+        """The correctness gate: ``cand``'s outputs against the reference's."""
+        o = self.o
+        if "id" not in self.ref:
+            if o["reference"] is None or o["reference"] == cand["id"]:
+                self.ref.update(id=cand["id"], outputs=outs)
+        if "id" not in self.ref:  # a named reference not measured yet: compare later
+            return None
+        thresholds = {"min_token_match_rate": o["min_match"]}
+        if o["max_logprob_gap"] is not None:
+            thresholds["max_logprob_gap_max"] = o["max_logprob_gap"]
+        return vt.gate(self.ref["outputs"], outs, self.ref["id"],
+                       dict(DEFAULT_THRESHOLDS, **thresholds))
+
+    def _restore(self, final_insts):
+        """Serve the inventory's configuration again (or the winner's, with apply)."""
+        o = self.o
+        if not (o["restore"] or o["apply"]) or not self.started_units:
+            return
+        # the role keeps the units of the configuration it serves out of this list
+        stop = sorted("vllm-%s.service" % n for n in self.started_units)
+        ev = dict(o["extravars"] or {}, vllm_tune_host=self.host, vllm_tune_stop_units=stop,
+                  vllm_tune_measure=False)
+        if o["apply"] and final_insts:
+            ev["vllm_service_instances"] = final_insts
+            ev["vllm_service_profile"] = self.profile
+        res = self.play(ev)
+        if res["rc"] != 0:
+            raise TuneServeError("%s: serving the %s configuration again failed: %s" % (
+                self.host, "winner's" if o["apply"] else "inventory's",
+                res.get("failure") or "rc %s" % res["rc"]))
+
+    def run(self):
+        """Search, rank, serve the inventory's (or the winner's) configuration again; returns
+        (the write-back document, the Pareto points, the winner's instances or None)."""
+        o = self.o
+        order = list(self.cands)
+        if o["reference"] is not None:
+            named = [c for c in order if c["id"] == o["reference"]]
+            if not named:
+                raise TuneError("reference %r is not among the candidates: %s"
+                                % (o["reference"], ", ".join(c["id"] for c in order)))
+            order = named + [c for c in order if c["id"] != o["reference"]]
+        t_start = time.time()
+        final_insts, search = None, None
+        try:
+            if self.grid:
+                search = vt.Search(order, self.measure, self.levels,
+                                   base_window_s=o["base_window_s"] * o["eta"] ** (o["max_rounds"] - 1),
+                                   eta=o["eta"], max_rounds=1, budget=self.budget, clock=time.time,
+                                   gate=self.gate)
+            else:
+                search = vt.Search(order, self.measure, self.levels,
+                                   base_window_s=o["base_window_s"], eta=o["eta"],
+                                   max_rounds=o["max_rounds"], budget=self.budget,
+                                   clock=time.time, gate=self.gate, strategy=self.strategy,
+                                   pinned=o["pinned"])
+            results = search.run()
+            decision_s = round(time.time() - t_start, 1)
+            table, decision = vt.rank(results)
+            vs = vt.versus_default(table)
+            win = next((r for r in table if r["rank"] == 1), None)
+            if o["apply"] and win is not None:
+                final_insts = [dict(i, profile=self.profile) for i in
+                               self._instances(results[win["id"]]["candidate"])]
+        finally:
+            self._restore(final_insts)
+        not_measured = [{"id": d, "reason": "not measured (budget: at most %s candidates)"
+                         % self.budget["candidates"]} for d in self.dropped] + \
+            [dict(n) for n in search.not_measured]
+        evidence = {"runs": self.runs, "search_log": search.log,
+                    "measured_s": round(search.measured_s, 1), "decision_wall_s": decision_s,
+                    "mode": "grid" if self.grid else "search", "strategy": self.strategy,
+                    "strategy_reason": self.strategy_reason, "screening": search.screening,
+                    "candidates_served": len(results), "reference": self.ref.get("id"),
+                    "levels": self.levels, "base_window_s": o["base_window_s"], "eta": o["eta"],
+                    "max_rounds": o["max_rounds"]}
+        doc = vt.tune_document(self.host, self.slo, self.budget,
+                               [{"id": r["id"], "reasons": r["reasons"]} for r in self.refused],
+                               not_measured, table, decision, vs, evidence,
+                               applied=bool(o["apply"] and win),
+                               dummy_weights=o["dummy_weights"])
+        return doc, rep.pareto_points(self.points), final_insts
+
+
+def write_back(inventory_dir, host, doc, points, final_insts=None, report_dir=None):
+    """The reports (under ``report_dir``, default <inventory>/reports/<host>/tune/<time>) and
+    host_vars/<host>/vllm_tune.yml (the document; the winner's instances when applied).
+    Returns (report paths, the host_vars file)."""
+    rdir = report_dir or os.path.join(inventory_dir, "reports", host, "tune",
+                                      time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+    reports = rep.write_reports(rdir, doc, points)
+    path = os.path.join(inventory_dir, "host_vars", host, TUNE_FILE)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    body = {"vllm_tune": doc}
+    if final_insts:
+        body["vllm_service_instances"] = final_insts
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("---\n# Written by vllm_deploy.tune(): the ranked candidates, the winner and the "
+                "evidence.\n# vllm_service_instances is here only when the winner was applied.\n")
+        yaml.safe_dump(body, f, sort_keys=False, width=1000)
+    os.replace(tmp, path)
+    return reports, path
