@@ -126,7 +126,7 @@ def greedy(server, model):
 
 
 def sweep(server, model, levels, duration, tokenizer_vocab):
-    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep_client import run_sweep
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.vllm_sweep import run_sweep
     p = dict(base_url=server.base, model=model, api_key=server.key, levels=levels, input_len=128,
              output_len=128, duration_s=duration, endpoint="completions", request_timeout_s=300,
              saturation_threshold=0.1, stop_on_saturation=False, seed=1,
@@ -245,7 +245,7 @@ def main():
 
 
 def finish(res, a):
-    from ansible_collections.vllm_ops.deploy.plugins.module_utils import sweep_compare
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.stats import compare as sweep_compare
     rows = []
     for name, cand, base in (("B (no sleep mode) vs A (sleep mode)", "b_sweep", "a_sweep"),
                              ("A after wake vs A before sleep", "a_sweep_after_wake", "a_sweep")):

@@ -4,7 +4,7 @@ loading keeps the wait going. systemctl's answers are given as systemd prints th
 systemd run is in tests/integration/test_ready_dead_unit.py)."""
 import pytest
 
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.vllm_http import EndpointError
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.service.vllm_ready import EndpointError
 from ansible_collections.vllm_ops.deploy.plugins.modules import vllm_ready
 
 OOM = ("ValueError: Free memory on device cuda:0 (9.33/139.8 GiB) on startup is less than "

@@ -137,9 +137,14 @@ def test_history_replaces_a_pin_accepted_again_and_keeps_the_newest():
 # H200 machines (tests/fixtures/nvidia-smi/h200-x1, h200-x2).
 
 def _h200_facts(tmp_path, name):
-    from test_gpu_topology import FIX, run_module
+    import importlib.util
     import os
-    out = run_module(tmp_path, os.path.join(FIX, name), {})
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "module_utils", "host", "test_gpu_facts.py")
+    spec = importlib.util.spec_from_file_location("_gpu_facts_replay", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.run_module(tmp_path, os.path.join(mod.FIX, name), {})
     return out["ansible_facts"]["gpu_facts"]
 
 
