@@ -229,6 +229,9 @@ def main(argv=None):
             sum(m["aot_load_failed"] for m in r["warm_logs"])))
     print("(warm: median of %d starts each: %s)" % (args.warm_starts, "; ".join(
         "%s %s" % (s, " ".join("%.1f" % v for v in r["warm_s"])) for s, r in rows.items())))
+    print("(tok/s after each start, cold first: %s)" % "; ".join(
+        "%s %s" % (s, " ".join("%.0f" % p["tok_s"] for p in r["per_token"]))
+        for s, r in rows.items()))
     if "default" in rows:
         base = rows["default"]
         print("\nratios against default (same run):")
