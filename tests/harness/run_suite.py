@@ -71,7 +71,7 @@ def order_by_cost(jobs, times):
 def record_times(path, results, wall, parallel, previous=None):
     """Write FILE: every job's last passing time (a failed job keeps its earlier one) and a
     summary of this run. Written whole to a temporary file, then renamed."""
-    jobs = dict(previous or {})
+    jobs = {name: int(round(s)) for name, s in (previous or {}).items()}
     for name, rc, took in results:
         if rc == 0:
             jobs[name] = int(round(took))

@@ -131,6 +131,7 @@ def test_times_order_jobs_longest_first_unmeasured_first_and_are_written_back(tm
     assert 3 <= doc["jobs"]["long"] < 50 and doc["jobs"]["mid"] < 3
     assert doc["jobs"]["short"] < 3 and doc["jobs"]["new"] < 3
     assert "broken" not in doc["jobs"] and doc["jobs"]["gone"] == 99
+    assert all(type(v) is int for v in doc["jobs"].values()), doc["jobs"]
     assert list(doc["jobs"])[0] == "gone"  # written longest first
     assert doc["last_run"]["result"] == "failed" and doc["last_run"]["jobs_at_a_time"] == 1
     assert set(doc["last_run"]["job_s"]) == {"short", "mid", "new", "long", "broken"}
