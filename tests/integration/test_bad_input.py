@@ -30,14 +30,14 @@ GOOD = {
 }
 
 
-def run_deploy(tmp_path, hostvars, group_vars=None, args=(), children=None):
+def run_deploy(tmp_path, hostvars, group_vars=None, args=(), children=None, env_extra=None):
     inv = {"all": {"children": dict({"vllm_hosts": {"hosts": {"badhost": hostvars},
                                                     "vars": dict(GOOD, **(group_vars or {}))}},
                                     **(children or {}))}}
     path = tmp_path / "hosts.yml"
     path.write_text(yaml.safe_dump(inv))
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
-               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", **(env_extra or {}))
     out = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", str(path), PLAYBOOK] + list(args),
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
     return out.returncode, out.stdout + out.stderr
@@ -198,6 +198,17 @@ def test_missing_ssh_key_is_named(tmp_path):
     key = str(tmp_path / "no-such-key")
     rc, out = run_deploy(tmp_path, {"ansible_host": "127.0.0.1", "ansible_port": 1,
                                     "ansible_ssh_private_key_file": key})
+    assert_refused_before_converge(rc, out)
+    assert "ansible_ssh_private_key_file=%s" % key in out
+    assert "does not exist on the controller" in out
+
+
+def test_missing_ssh_key_of_the_configuration_is_named(tmp_path):
+    """private_key_file set in the Ansible configuration (molecule's ansible.cfg sets it) is
+    checked like the inventory's."""
+    key = str(tmp_path / "no-such-config-key")
+    rc, out = run_deploy(tmp_path, {"ansible_host": "127.0.0.1", "ansible_port": 1},
+                         env_extra={"ANSIBLE_PRIVATE_KEY_FILE": key})
     assert_refused_before_converge(rc, out)
     assert "ansible_ssh_private_key_file=%s" % key in out
     assert "does not exist on the controller" in out

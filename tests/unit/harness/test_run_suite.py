@@ -107,3 +107,84 @@ def test_light_and_heavy_names_must_differ():
     with pytest.raises(SystemExit) as e:
         run_suite.main(["--light", "a=true", "a=false"])
     assert e.value.code == 2
+
+
+def _start_order(text):
+    return [line.split()[2] for line in text.splitlines() if line.startswith("=== start ")]
+
+
+def test_times_order_jobs_longest_first_unmeasured_first_and_are_written_back(tmp_path):
+    times = tmp_path / "job_times.json"
+    times.write_text('{"jobs": {"short": 1, "long": 50, "mid": 7, "gone": 99}}')
+    jobs = [job("short", "pass"), job("mid", "pass"), job("new", "pass"),
+            job("long", "import time; time.sleep(3)"),
+            job("broken", "import sys; sys.exit(5)")]
+    out = io.StringIO()
+    rc = run_suite.run(jobs, 1, str(tmp_path / "logs"), out=out, times_file=str(times))
+    text = out.getvalue()
+    assert rc == 1
+    # unknown jobs first in the order given, then longest first by the recorded seconds
+    assert _start_order(text) == ["new", "broken", "long", "mid", "short"]
+    import json
+    doc = json.loads(times.read_text())
+    # passing jobs get this run's seconds; a failed job is not recorded; others are kept
+    assert 3 <= doc["jobs"]["long"] < 50 and doc["jobs"]["mid"] < 3
+    assert doc["jobs"]["short"] < 3 and doc["jobs"]["new"] < 3
+    assert "broken" not in doc["jobs"] and doc["jobs"]["gone"] == 99
+    assert all(type(v) is int for v in doc["jobs"].values()), doc["jobs"]
+    assert list(doc["jobs"])[0] == "gone"  # written longest first
+    assert doc["last_run"]["result"] == "failed" and doc["last_run"]["jobs_at_a_time"] == 1
+    assert set(doc["last_run"]["job_s"]) == {"short", "mid", "new", "long", "broken"}
+    # the next run follows the new measurements: long (now ~3 s) still before the ~1 s jobs,
+    # broken (still unmeasured) first
+    out2 = io.StringIO()
+    run_suite.run(jobs, 1, str(tmp_path / "logs"), out=out2, times_file=str(times))
+    assert _start_order(out2.getvalue())[:2] == ["broken", "long"]
+
+
+def test_the_table_lists_every_job_with_seconds_and_result(tmp_path):
+    out = io.StringIO()
+    run_suite.run([job("quick", "pass"), job("slow", "import time; time.sleep(1.2)"),
+                   job("bad", "import sys; sys.exit(2)")], 3, str(tmp_path), out=out,
+                  light=[job("lint", "pass")])
+    table = out.getvalue().split("=== suite: 4 jobs")[1].splitlines()[1:]
+    assert table[0].split() == ["job", "seconds", "result"]
+    rows = {r.split()[0]: r.split()[1:] for r in table[1:6]}
+    assert set(rows) == {"quick", "slow", "bad", "lint", "total"}
+    assert rows["bad"][1] == "FAILED" and rows["slow"][1] == "passed"
+    assert int(rows["slow"][0]) >= 1
+    assert table[1].split()[0] == "slow"  # longest first
+    assert not (tmp_path / "job_times.json").exists()  # nothing written without --times
+
+
+def test_times_without_a_file_start_in_the_order_given_and_create_it(tmp_path):
+    times = tmp_path / "t.json"
+    out = io.StringIO()
+    rc = run_suite.run([job("b", "pass"), job("a", "pass")], 1, str(tmp_path / "l"), out=out,
+                       times_file=str(times))
+    assert rc == 0 and _start_order(out.getvalue()) == ["b", "a"]
+    import json
+    assert set(json.loads(times.read_text())["jobs"]) == {"a", "b"}
+
+
+def test_a_bad_times_file_is_refused_with_its_path(tmp_path, capsys):
+    import pytest
+    for body in ("not json", '{"jobs": {"a": "slow"}}', '{"jobs": [1]}', '{"jobs": {"a": -1}}'):
+        bad = tmp_path / "times.json"
+        bad.write_text(body)
+        with pytest.raises(SystemExit) as e:
+            run_suite.main(["--times", str(bad), "a=true"])
+        assert e.value.code == 2
+        assert "--times: %s" % bad in capsys.readouterr().err
+
+
+def test_the_recorded_times_name_the_makefile_jobs():
+    """The file in the repository holds a time for every heavy job `make test` runs."""
+    import json
+    import re
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "..")
+    recorded = json.load(open(os.path.join(root, "tests", "harness", "job_times.json")))["jobs"]
+    makefile = open(os.path.join(root, "Makefile")).read()
+    scenarios = re.search(r"^MOLECULE_SCENARIOS \?= (.*)$", makefile, re.M).group(1).split()
+    expected = {"molecule-%s" % s for s in scenarios} | {"integration", "api", "checks"}
+    assert expected <= set(recorded), sorted(expected - set(recorded))
