@@ -68,7 +68,7 @@ options:
   variable_names:
     description:
       - Names the preflight messages tell the user to change, keyed by C(cuda_version),
-        C(tensor_parallel), C(pipeline_parallel), C(data_parallel), C(gpus) and C(profile) (a role passes
+        C(tensor_parallel), C(pipeline_parallel), C(data_parallel), C(gpus), C(nccl_overrides) and C(profile) (a role passes
         its own variables, e.g. C(gpu_host_tensor_parallel)). Missing keys keep the option name.
     type: dict
     default: {}
@@ -228,7 +228,7 @@ def main():
     p = module.params
     names = dict(cuda_version="cuda_version", tensor_parallel="tensor_parallel",
                  pipeline_parallel="pipeline_parallel", data_parallel="data_parallel",
-                 profile="the profile", gpus="gpus")
+                 profile="the profile", gpus="gpus", nccl_overrides="nccl_overrides")
     unknown = sorted(set(p["variable_names"]) - set(names))
     if unknown:
         module.fail_json(msg="variable_names: unknown keys %s (known: %s)"
@@ -256,7 +256,7 @@ def main():
         nccl = derive(topo_class, p["nccl_profile"], set_size, p["nccl_overrides"])
         no_p2p = derive("no-p2p", p["nccl_profile"], set_size, p["nccl_overrides"])
     except ValueError as exc:
-        module.fail_json(msg="nccl_overrides: %s" % exc)
+        module.fail_json(msg="%s: %s" % (names["nccl_overrides"], exc))
     nccl["profile"] = p["nccl_profile"]
     no_p2p["profile"] = p["nccl_profile"]
     facts["nccl"] = nccl
