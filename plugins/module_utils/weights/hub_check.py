@@ -266,11 +266,13 @@ def resolve_revision(opener, p, names, host):
                                 "answers): use a branch, tag or 40-hex commit of the repository"
                                 % (names["revision"], rev, repo, endpoint, asked))
     raise HubCheckError("%s=%r: no such repository on %s (%s), or it is private or gated and "
-                        "%s: check the name%s"
+                        "%s: check the name%s%s"
                         % (names["repo_id"], repo, endpoint, asked,
                            "the token in %s has no access" % names["token"] if token
                            else "no token was given", "" if token
-                           else ", or set %s" % names["token"]))
+                           else ", or set %s" % names["token"],
+                           "" if code else "; the answer has no X-Error-Code, as a Hub's has: "
+                           "check that %s is a Hub endpoint" % names["endpoint"]))
 
 
 def remote_override_documents(opener, p, names, host, sha, files):

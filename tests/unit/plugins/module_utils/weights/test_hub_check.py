@@ -258,3 +258,25 @@ def test_disk_margin_never_met_is_refused_or_a_warning_when_present():
 def test_unknown_variable_names_are_refused():
     with pytest.raises(hc.HubCheckError, match="variable_names: unknown keys bogus"):
         hc.variable_names({"bogus": "x"})
+
+
+def test_an_endpoint_that_is_no_hub_is_named(tmp_path):
+    class NotAHub(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(404)
+            self.send_header("Content-Length", "9")
+            self.end_headers()
+            self.wfile.write(b"not found")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotAHub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(hc.HubCheckError) as e:
+            hc.check(params(tmp_path, "http://127.0.0.1:%d" % server.server_address[1]))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "check that model_weights_endpoint is a Hub endpoint" in str(e.value)
