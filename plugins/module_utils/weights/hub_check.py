@@ -331,11 +331,11 @@ def check(params, opener=None, host="this host"):
     result = dict(changed=False, endpoint=endpoint, repo_id=p["repo_id"], revision=p["revision"],
                   sha=None, asked=[], remote_checked=False, overrides_checked=[],
                   warnings=[])
-    present, why, manifest = local_state(local_dir, p.get("manifest") or ".hf-manifest.json",
-                                         request)
-    result.update(present=present, present_reason=why if not present else
-                  "manifest %s matches %s@%s" % (p.get("manifest") or ".hf-manifest.json",
-                                                  p["repo_id"], manifest.get("sha")))
+    manifest_name = p.get("manifest") or ".hf-manifest.json"
+    present, why, manifest = local_state(local_dir, manifest_name, request)
+    if present:
+        why = "manifest %s matches %s@%s" % (manifest_name, p["repo_id"], manifest.get("sha"))
+    result.update(present=present, present_reason=why)
 
     margin = int(p.get("disk_margin_bytes") or 0)
     fs_path = existing_ancestor(local_dir)

@@ -186,10 +186,10 @@ def test_remote_false_asks_nothing_and_says_so(tmp_path):
                             "model_weights_overrides patches")
 
 
-def _present(tmp_path, config=CONFIG, overrides_applied=()):
+def _present(tmp_path, overrides_applied=()):
     d = tmp_path / "model"
     d.mkdir()
-    raw = json.dumps(config).encode()
+    raw = json.dumps(CONFIG).encode()
     (d / "config.json").write_bytes(raw)
     (d / "model.safetensors").write_bytes(b"\0" * 100)
     expected = {"config.json": {"size": len(raw), "oid": None, "sha256": None},
