@@ -26,7 +26,11 @@ options:
     type: str
     default: nvidia-smi
   gpus:
-    description: GPU indices whose set is classified (the tensor-parallel peers). Default all.
+    description:
+      - GPU indices whose set is classified (the tensor-parallel peers). Default all.
+      - A list is checked (into C(preflight_errors)) against the parallel layout (the tensor-parallel size
+        divides its length; tp x pp x dp GPUs at most) and the host (a host without GPUs, or an index it
+        lacks, is refused).
     type: list
     elements: int
   nccl_profile:
@@ -64,7 +68,7 @@ options:
   variable_names:
     description:
       - Names the preflight messages tell the user to change, keyed by C(cuda_version),
-        C(tensor_parallel), C(pipeline_parallel), C(data_parallel) and C(profile) (a role passes
+        C(tensor_parallel), C(pipeline_parallel), C(data_parallel), C(gpus), C(nccl_overrides) and C(profile) (a role passes
         its own variables, e.g. C(gpu_host_tensor_parallel)). Missing keys keep the option name.
     type: dict
     default: {}
@@ -147,7 +151,8 @@ import platform
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.host.gpu_facts import (
     NvidiaSmiParseError, QUERY_GPU_ARGS, build_facts)
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.host.nccl_env import derive, preflight
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.host.nccl_env import (
+    check_gpu_set, derive, preflight)
 
 
 def _read(path):
@@ -216,40 +221,47 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    outputs = collect(module, p["nvidia_smi"])
-    try:
-        facts = build_facts(outputs, p["gpus"])
-    except NvidiaSmiParseError as exc:
-        module.fail_json(msg=str(exc), raw_line=exc.line, command=exc.command)
-    except ValueError as exc:  # e.g. a GPU index in `gpus` that the host lacks
-        module.fail_json(msg="gpus=%s: %s" % (p["gpus"], exc))
-
-    topo_class = facts["topology"]["class"] or "single-gpu"
-    set_size = len(p["gpus"]) if p["gpus"] else facts["count"]
     names = dict(cuda_version="cuda_version", tensor_parallel="tensor_parallel",
                  pipeline_parallel="pipeline_parallel", data_parallel="data_parallel",
-                 profile="the profile")
+                 profile="the profile", gpus="gpus", nccl_overrides="nccl_overrides")
     unknown = sorted(set(p["variable_names"]) - set(names))
     if unknown:
         module.fail_json(msg="variable_names: unknown keys %s (known: %s)"
                          % (", ".join(unknown), ", ".join(sorted(names))))
     names.update({k: str(v) for k, v in p["variable_names"].items()})
+    host = "host %s" % (p["host_name"] or platform.node())
+    outputs = collect(module, p["nvidia_smi"])
+    set_error = None
+    try:
+        facts = build_facts(outputs, p["gpus"])
+    except NvidiaSmiParseError as exc:
+        module.fail_json(msg=str(exc), raw_line=exc.line, command=exc.command)
+    except ValueError as exc:  # e.g. a GPU index in `gpus` that the host lacks
+        set_error = "%s=%s: %s" % (names["gpus"], p["gpus"], exc)
+        facts = build_facts(outputs)
+    parallel_names = (names["tensor_parallel"], names["pipeline_parallel"], names["data_parallel"])
+    set_errors = check_gpu_set(p["gpus"], facts, p["tensor_parallel"], p["pipeline_parallel"],
+                               p["data_parallel"], parallel_names, names["gpus"], host)
+    if set_error and not set_errors:
+        module.fail_json(msg=set_error)
+
+    topo_class = facts["topology"]["class"] or "single-gpu"
+    set_size = len(p["gpus"]) if p["gpus"] else facts["count"]
     try:
         nccl = derive(topo_class, p["nccl_profile"], set_size, p["nccl_overrides"])
         no_p2p = derive("no-p2p", p["nccl_profile"], set_size, p["nccl_overrides"])
     except ValueError as exc:
-        module.fail_json(msg="nccl_overrides: %s" % exc)
+        module.fail_json(msg="%s: %s" % (names["nccl_overrides"], exc))
     nccl["profile"] = p["nccl_profile"]
     no_p2p["profile"] = p["nccl_profile"]
     facts["nccl"] = nccl
     facts["nccl_no_p2p"] = no_p2p
     facts["preflight_errors"] = preflight(
         facts, p["cuda_version"], p["tensor_parallel"], p["pipeline_parallel"],
-        p["data_parallel"], host="host %s" % (p["host_name"] or platform.node()),
+        p["data_parallel"], host=host,
         cuda_var=names["cuda_version"], require_gpu=p["require_gpu"],
-        parallel_names=(names["tensor_parallel"], names["pipeline_parallel"],
-                        names["data_parallel"]),
-        profile_var=names["profile"], profile_name=p["profile_name"])
+        parallel_names=parallel_names,
+        profile_var=names["profile"], profile_name=p["profile_name"]) + set_errors
     module.exit_json(changed=False, ansible_facts={"gpu_facts": facts})
 
 

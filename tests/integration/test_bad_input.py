@@ -1,11 +1,19 @@
 """Bad input is refused by the first play, before any role touches a host.
 
-Runs the real playbook vllm_ops.deploy.deploy with ansible-playbook. The hosts use the local
+Runs the real playbook vllm_ops.deploy.deploy with ansible-playbook. Most hosts use the local
 connection (or an address where nothing listens), so a refusal that came too late would
 show up as a changed task or a created file; every case checks the message names the
 variable and that no converge task ran.
+
+The cases at the end run against a converged test host (tests/harness/testhost.py: vd-val-1,
+SSH 26110, vLLM 26111) whose weights came from a real Hub-compatible server (olah through
+tests/harness/hubserver.py on 26101, org/tiny with the tag v1): each is refused in the
+validation play naming the variable, and the host is unchanged afterwards (unit file, env
+file, MainPID and restarts, venvs, downloader venv, model directory). The host is converged
+once for the module (a few minutes) and destroyed at the end.
 """
 import fcntl
+import json
 import os
 import re
 import subprocess
@@ -148,7 +156,9 @@ def test_max_model_len_above_the_models_limit_on_the_host_is_refused(tmp_path, s
     (model / "config.json").write_text(
         '{"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 1024}\n')
     before = sorted(p.name for p in model.iterdir())
-    extra = {"hf": {"model_weights_repo_id": "demo/tiny-llama", "model_weights_revision": "main"},
+    # No Hub answers here: the validation play's Hub check is switched off, and says so.
+    extra = {"hf": {"model_weights_repo_id": "demo/tiny-llama", "model_weights_revision": "main",
+                    "model_weights_validate_remote": False},
              "path": {}}[source]
     rc, out = run_deploy(tmp_path, LOCAL, dict(
         extra, model_weights_source=source, vllm_deploy_models_root=str(tmp_path / "models"),
@@ -158,6 +168,10 @@ def test_max_model_len_above_the_models_limit_on_the_host_is_refused(tmp_path, s
     assert ("instance one: max_model_len 4096 is above the model's limit 1024 (derived from %s/config.json"
             % model) in out, out
     assert sorted(p.name for p in model.iterdir()) == before
+    if source == "hf":
+        assert re.search(r"SKIPPED: model_weights_validate_remote: false: the Hub at "
+                         r"https://huggingface.co was not asked whether demo/tiny-llama@main "
+                         r"exists", " ".join(out.split())), out
 
 
 def test_gpu_host_gpus_not_a_list_names_itself(tmp_path):
@@ -230,3 +244,208 @@ def test_second_demo_is_refused_while_one_runs(tmp_path):
                              env=env, capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 2
     assert "another demo is already running" in out.stderr
+
+
+def test_benchmark_url_and_model_replaced_by_the_services_endpoints_are_refused(tmp_path):
+    rc, out = run_deploy(tmp_path, LOCAL, {"vllm_benchmark_url": "http://10.0.0.9:8000",
+                                           "vllm_benchmark_model": "other"})
+    assert_refused_before_converge(rc, out)
+    flat = " ".join(out.split())
+    assert ("vllm_benchmark_url=http://10.0.0.9:8000 and vllm_benchmark_model=other would be "
+            "ignored: vllm_service publishes this host's endpoints (vllm_service_endpoints, "
+            "instances main)") in flat, out
+
+
+def test_tensor_parallel_that_does_not_divide_the_gpu_list_is_refused(tmp_path):
+    # This controller has no NVIDIA GPU: the list is refused for that too, both named.
+    rc, out = run_deploy(tmp_path, LOCAL, {
+        "gpu_host_gpus": list(range(8)),
+        "gpu_host_tensor_parallel": 3})
+    assert_refused_before_converge(rc, out)
+    flat = " ".join(out.split())
+    assert ("gpu_host_gpus=[0, 1, 2, 3, 4, 5, 6, 7] declares 8 GPUs, which "
+            "gpu_host_tensor_parallel 3 does not divide") in flat, out
+    assert re.search(r"host badhost has no NVIDIA GPU \([^)]*\) but gpu_host_gpus=\[0, 1, 2, 3, 4, "
+                     r"5, 6, 7\] declares 8: set gpu_host_gpus: \[\]", flat), out
+    assert "busbw_gbps" not in out
+
+
+# ---------------------------------------------------------------- a converged test host
+
+HOST, SSH_PORT, VLLM_PORT, HUB_PORT, CLOSED_PORT = "vd-val-1", 26110, 26111, 26101, 26199
+HUB_VENV = os.environ.get("HF_VENV", "/var/cache/vllm-deploy/hub-venv")
+TINY = os.path.join(ROOT, ".cache", "tiny-model")
+HOST_VARS = {
+    "vllm_install_cpu_version": "0.32.0",
+    "model_weights_source": "hf",
+    "model_weights_repo_id": "org/tiny",
+    "model_weights_revision": "main",
+    "model_weights_endpoint": "http://127.0.0.1:%d" % HUB_PORT,
+    "model_weights_name": "tiny-llama",
+    "vllm_service_profile": "cpu-tiny",
+    "vllm_service_host": "127.0.0.1",
+    "vllm_service_port": VLLM_PORT,
+    "vllm_service_ready_timeout_s": 600,
+    "vllm_benchmark_enabled": False,
+}
+# What must not change on the host: the unit and its environment file, the running process,
+# the venvs (vLLM's and the downloader's) and the model directory.
+SNAPSHOT = r"""
+set -u
+unit=vllm-main.service
+systemctl show -p FragmentPath,EnvironmentFiles,MainPID,NRestarts,ActiveState $unit
+sha256sum "$(systemctl show -P FragmentPath $unit)" /etc/vllm-deploy/main.env
+find /opt/vllm-deploy -maxdepth 2 -printf '%p %y %s %T@ %l\n' | sort
+find /srv/models/tiny-llama -printf '%p %s %T@\n' | sort
+"""
+
+
+def _ssh(cmd, timeout=60):
+    import testhost as th  # noqa: E402 (tests/harness, imported once the fixture ran)
+    out = subprocess.run(th.ssh_base(SSH_PORT) + [cmd], capture_output=True, text=True,
+                         timeout=timeout, check=False)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    if not os.path.exists(os.path.join(HUB_VENV, "bin", "olah-cli")):
+        pytest.skip("needs %s with olah (make %s/.installed)" % (HUB_VENV, HUB_VENV))
+    if not os.path.exists(os.path.join(TINY, "config.json")):
+        subprocess.run([sys.executable, os.path.join(ROOT, "tests", "harness", "make_tiny_model.py"),
+                        TINY], check=True)
+    state = tmp_path_factory.mktemp("hub")
+    server = [os.path.join(HUB_VENV, "bin", "python"), os.path.join(ROOT, "tests", "harness",
+                                                                    "hubserver.py")]
+    out = subprocess.run(server + ["start", "--model-dir", TINY, "--repo", "org/tiny", "--port",
+                                   str(HUB_PORT), "--state-dir", str(state), "--tag", "v1"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    yield info
+    subprocess.run(server + ["stop", "--state-dir", str(state)], check=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def converged(hub, tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.skip("test hosts need root (systemd-nspawn)")
+    sys.path.insert(0, os.path.join(ROOT, "tests", "harness"))
+    import testhost as th
+    th.destroy("vd-val-")
+    th.create(HOST, SSH_PORT)
+    inv = str(tmp_path_factory.mktemp("inv") / "hosts.yml")
+    th.write_inventory([HOST], inv, extra_vars=HOST_VARS)
+    out = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", inv, PLAYBOOK], cwd=ROOT,
+                         env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
+                                  ANSIBLE_NOCOLOR="1"),
+                         capture_output=True, text=True, timeout=1500, check=False)
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+    with open(inv) as f:
+        doc = yaml.safe_load(f)
+    yield {"inventory": doc, "hub": hub, "state": _ssh(SNAPSHOT)}
+    th.destroy("vd-val-")
+
+
+def run_on_host(converged, tmp_path, changes):
+    """The deploy playbook against the converged host with `changes` over its variables;
+    asserts it stopped in the validation play and that the host did not change."""
+    doc = json.loads(json.dumps(converged["inventory"]))
+    doc["all"]["children"]["vllm_hosts"]["vars"].update(changes)
+    path = tmp_path / "hosts.yml"
+    path.write_text(yaml.safe_dump(doc))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    res = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", str(path), PLAYBOOK],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+                         check=False)
+    out = res.stdout + res.stderr
+    assert_refused_before_converge(res.returncode, out)
+    assert _ssh(SNAPSHOT) == converged["state"], "the host changed:\n" + out
+    return " ".join(out.split())
+
+
+def test_converged_host_serves_the_hub_commit(converged):
+    state = converged["state"]
+    assert "ActiveState=active" in state and "MainPID=0" not in state
+    manifest = json.loads(_ssh("cat /srv/models/tiny-llama/.hf-manifest.json"))
+    assert manifest["sha"] == converged["hub"]["sha"] and manifest["repo_id"] == "org/tiny"
+
+
+def test_revision_missing_on_the_hub_is_refused(converged, tmp_path):
+    out = run_on_host(converged, tmp_path, {"model_weights_revision": "no-such-revision"})
+    assert ("model_weights_revision='no-such-revision' does not exist in org/tiny on "
+            "http://127.0.0.1:%d (asked from host %s: GET http://127.0.0.1:%d/api/models/org/tiny/"
+            "revision/no-such-revision answered HTTP 401 RepoNotFound; its branch main answers)"
+            % (HUB_PORT, HOST, HUB_PORT)) in out, out
+
+
+def test_repository_missing_on_the_hub_is_refused(converged, tmp_path):
+    out = run_on_host(converged, tmp_path, {"model_weights_repo_id": "org/no-such-model"})
+    assert ("model_weights_repo_id='org/no-such-model': no such repository on http://127.0.0.1:%d "
+            "(asked from host %s" % (HUB_PORT, HOST)) in out, out
+    assert "set model_weights_hf_token" in out
+
+
+@pytest.mark.parametrize("revision,where", [
+    ("v1", "on the Hub at that commit"),          # not on the host at that revision: asked
+    ("main", "in the weights already on the host"),  # on the host: checked there, nothing asked
+])
+def test_override_key_missing_at_the_revision_is_refused(converged, tmp_path, revision, where):
+    sha = converged["hub"]["sha"]
+    out = run_on_host(converged, tmp_path, {
+        "model_weights_revision": revision,
+        "model_weights_overrides": [{"file": "config.json", "set": "rope_scaling.factor", "value": 2},
+                                    {"file": "config.json", "delete": "max_position_embeddings"}]})
+    at = ("org/tiny@%s on http://127.0.0.1:%d" % (sha, HUB_PORT) if revision == "v1"
+          else "org/tiny@%s in /srv/models/tiny-llama" % sha)
+    assert ("model_weights_overrides[0] (set rope_scaling.factor in config.json): key "
+            "rope_scaling not found in config.json at %s: remove or correct it" % at) in out, where
+    assert "model_weights_overrides[1] (" not in out  # that key exists: no refusal names it
+
+
+def test_unreachable_hub_is_refused_naming_the_host_and_the_skip(converged, tmp_path):
+    out = run_on_host(converged, tmp_path, {
+        "model_weights_endpoint": "http://127.0.0.1:%d" % CLOSED_PORT,
+        "model_weights_revision": "v1"})
+    assert ("host %s: the Hub at http://127.0.0.1:%d did not answer (" % (HOST, CLOSED_PORT)) in out
+    assert ("Fix model_weights_endpoint or the host's proxy, or set "
+            "model_weights_validate_remote: false to skip this check") in out, out
+
+
+def test_weights_present_need_no_hub_and_an_impossible_margin_is_a_warning(converged, tmp_path):
+    # The weights are on the host at that revision: the closed endpoint is never asked; the
+    # petabyte margin cannot matter now, and says so. A bad sweep level stops the run.
+    out = run_on_host(converged, tmp_path, {
+        "model_weights_endpoint": "http://127.0.0.1:%d" % CLOSED_PORT,
+        "model_weights_disk_margin_bytes": 10 ** 15,
+        "vllm_benchmark_levels": [1, 0]})
+    assert ("/srv/models/tiny-llama already holds org/tiny@%s (manifest .hf-manifest.json "
+            "matches org/tiny@%s): the Hub was not asked" % ((converged["hub"]["sha"],) * 2)) in out, out
+    assert re.search(r"\[WARNING\]: model_weights_disk_margin_bytes=1000000000000000 \(1000\.0 TB\) "
+                     r"is larger than the filesystem of /srv/models/tiny-llama on host %s" % HOST,
+                     out), out
+    assert "vllm_benchmark_levels must be positive integers" in out
+
+
+def test_impossible_margin_is_refused_when_a_download_would_run(converged, tmp_path):
+    out = run_on_host(converged, tmp_path, {"model_weights_revision": "v1",
+                                            "model_weights_disk_margin_bytes": 10 ** 15})
+    assert ("model_weights_disk_margin_bytes=1000000000000000 (1000.0 TB) is larger than the "
+            "filesystem of /srv/models/tiny-llama on host %s" % HOST) in out, out
+    assert "no download can ever keep that much free: lower model_weights_disk_margin_bytes" in out
+
+
+def test_tp_not_dividing_the_gpu_list_on_the_host_is_refused(converged, tmp_path):
+    out = run_on_host(converged, tmp_path, {
+        "gpu_host_gpus": list(range(8)),
+        "gpu_host_tensor_parallel": 3})
+    assert ("gpu_host_gpus=[0, 1, 2, 3, 4, 5, 6, 7] declares 8 GPUs, which "
+            "gpu_host_tensor_parallel 3 does not divide") in out, out
+    assert "host %s has no NVIDIA GPU" % HOST in out
+
+
+def test_benchmark_url_on_the_host_is_refused(converged, tmp_path):
+    out = run_on_host(converged, tmp_path, {"vllm_benchmark_url": "http://127.0.0.1:9"})
+    assert ("vllm_benchmark_url=http://127.0.0.1:9 would be ignored: vllm_service publishes this "
+            "host's endpoints (vllm_service_endpoints, instances main)") in out, out

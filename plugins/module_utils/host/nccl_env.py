@@ -198,6 +198,52 @@ def check_gpu_count(gpu_count, tensor_parallel=1, pipeline_parallel=1, data_para
 PARALLEL_NAMES = ("tensor_parallel", "pipeline_parallel", "data_parallel")
 
 
+def check_gpu_set(gpus, facts, tensor_parallel=1, pipeline_parallel=1, data_parallel=1,
+                  names=PARALLEL_NAMES, gpus_var="gpus", host="this host"):
+    """[] when a declared GPU list (``gpus``; empty = every GPU, nothing to check) fits the
+    parallel layout and the host's GPUs, else one message per problem, naming the variables:
+    an index listed twice or negative; a list the tensor-parallel size does not divide (each
+    tensor-parallel group takes that many GPUs of the list); fewer GPUs than tp x pp x dp; a
+    list on a host without GPUs, or with an index the host does not have."""
+    if not gpus:
+        return []
+    shown = "%s=%s" % (gpus_var, list(gpus))
+    errors = []
+    twice = sorted(set(g for g in gpus if list(gpus).count(g) > 1))
+    if twice:
+        errors.append("%s lists GPU %s more than once" % (shown, ", ".join(map(str, twice))))
+    negative = [g for g in gpus if g < 0]
+    if negative:
+        errors.append("%s: GPU indices are >= 0 (got %s)" % (shown, ", ".join(map(str, negative))))
+    count = len(set(gpus))
+    layout = (tensor_parallel, pipeline_parallel, data_parallel)
+    if all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in layout):
+        tp = tensor_parallel
+        need = tensor_parallel * pipeline_parallel * data_parallel
+        if count % tp:
+            errors.append("%s declares %d GPUs, which %s %d does not divide (each tensor-parallel "
+                          "group takes %d GPUs of the list): list a multiple of %d GPUs, or set "
+                          "%s to a size that divides %d"
+                          % (shown, count, names[0], tp, tp, tp, names[0], count))
+        if need > count:
+            errors.append("%s %d x %s %d x %s %d = %d GPUs, but %s declares %d: list more GPUs "
+                          "or lower %s"
+                          % (names[0], tensor_parallel, names[1], pipeline_parallel, names[2],
+                             data_parallel, need, shown, count, " or ".join(names)))
+    if not facts.get("present"):
+        errors.append("%s has no NVIDIA GPU (%s) but %s declares %d: set %s: [] (every GPU) for "
+                      "this host" % (host, facts.get("nvidia_smi_error") or "nvidia-smi listed none",
+                                     shown, count, gpus_var))
+    else:
+        have = [g.get("index") for g in facts.get("gpus") or []]
+        absent = [g for g in gpus if g >= 0 and g not in have]
+        if absent:
+            errors.append("%s: %s has no GPU %s (its GPUs: %s)"
+                          % (shown, host, ", ".join(map(str, absent)),
+                             ", ".join(map(str, have))))
+    return errors
+
+
 def preflight(facts, cuda_version=None, tensor_parallel=1, pipeline_parallel=1, data_parallel=1,
               host="this host", cuda_var="gpu_host_cuda_version", require_gpu=True,
               parallel_names=PARALLEL_NAMES, profile_var="the profile", profile_name=None):

@@ -191,6 +191,7 @@ def resolve_instances(instances, defaults, profiles, gpu_count=None, model_limit
         instances = []
     if not isinstance(instances, list) or not all(isinstance(i, dict) for i in instances):
         return [], ["vllm_service_instances must be a list of mappings, got %r" % (instances,)]
+    explicit = bool(instances)
     if not instances:
         instances = [{"name": defaults.get("name"), "port": defaults.get("port")}]
 
@@ -208,37 +209,46 @@ def resolve_instances(instances, defaults, profiles, gpu_count=None, model_limit
             continue
         inst = dict((k, defaults.get(k)) for k in INSTANCE_KEYS if k not in ("name", "port"))
         inst.update(raw)
+
+        def var(key, pos=pos, raw=raw):
+            """The variable a setting came from: the instance's key, else the role's."""
+            if explicit and key in raw:
+                return "vllm_service_instances[%d].%s" % (pos, key)
+            return "vllm_service_instance" if key == "name" else "vllm_service_" + key
+
         name = str(inst["name"])
         label = "instance %s" % name
         if not NAME.match(name):
-            errors.append("%s: name must match %s (it becomes the unit vllm-<name>.service)"
-                          % (label, NAME.pattern))
+            errors.append("%s: name must match %s (it becomes the unit vllm-<name>.service; %s)"
+                          % (label, NAME.pattern, var("name")))
             continue
         try:
             port = int(inst["port"])
         except (TypeError, ValueError):
-            errors.append("%s: port %r is not an integer" % (label, inst["port"]))
+            errors.append("%s: port %r (%s) is not an integer" % (label, inst["port"], var("port")))
             continue
         if not 1 <= port <= 65535:
-            errors.append("%s: port %d is outside 1..65535" % (label, port))
+            errors.append("%s: port %d (%s) is outside 1..65535" % (label, port, var("port")))
             continue
         model_dir = inst.get("model_dir") or ""
         if not str(model_dir).startswith("/"):
-            errors.append("%s: model_dir %r must be an absolute path on the host"
-                          % (label, model_dir))
+            errors.append("%s: model_dir %r (%s) must be an absolute path on the host"
+                          % (label, model_dir, var("model_dir")))
             continue
         try:
             gpus = parse_gpu_set(inst.get("cuda_visible_devices"))
         except ValueError as e:
-            errors.append("%s: cuda_visible_devices: %s" % (label, e))
+            errors.append("%s: cuda_visible_devices (%s): %s" % (label, var("cuda_visible_devices"), e))
             continue
 
         args = list(inst.get("args") or []) + list(inst.get("extra_args") or [])
         profile_name = inst.get("profile") or ""
         profile = None
+        stage = "%s, %s" % (var("profile"), var("profile_overrides"))  # named in an error
         try:
             if profile_name:
                 profile = load(profile_name, inst.get("profile_overrides") or {})
+            stage = "%s, %s" % (var("args"), var("extra_args"))
             served = (inst.get("served_model_name")
                       or (profile["model"]["served_model_name"] if profile else "")
                       or str(model_dir).rstrip("/").rsplit("/", 1)[-1])
@@ -253,10 +263,12 @@ def resolve_instances(instances, defaults, profiles, gpu_count=None, model_limit
             env = base_env(defaults["home"])
             if gpus is not None:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+            stage = "%s, %s" % (var("profile"), var("profile_overrides"))
             env.update(validate_env((profile or {}).get("env") or {}, "profile env"))
-            env.update(validate_env(dict(inst.get("env") or {}), "%s: env" % label))
+            stage = var("env")
+            env.update(validate_env(dict(inst.get("env") or {}), "env"))
         except ProfileError as e:
-            errors.append("%s: %s" % (label, e))
+            errors.append("%s: %s (%s)" % (label, e, stage))
             continue
 
         par = (profile or {}).get("parallel") or {"tensor": 1, "pipeline": 1, "data": 1,

@@ -193,3 +193,32 @@ def test_gpu_count_bad_values():
     assert "tensor_parallel must be an integer >= 1 (got 0)" in ne.check_gpu_count(8, 0)[0]
     assert ne.check_gpu_count(8, 2, 2, 2) == []
     assert "= 16 GPUs, host has 8" in ne.check_gpu_count(8, 4, 2, 2)[0]
+
+
+def test_gpu_set_against_the_layout_and_the_host():
+    names = ("gpu_host_tensor_parallel", "gpu_host_pipeline_parallel", "gpu_host_data_parallel")
+    eight = _facts("h200-x2")
+    eight["gpus"] = [dict(eight["gpus"][0], index=i) for i in range(8)]
+    eight["count"] = 8
+    assert ne.check_gpu_set([], eight, 3) == []  # every GPU: nothing declared
+    assert ne.check_gpu_set(list(range(8)), eight, 4, 2, 1, names, "gpu_host_gpus", "host b") == []
+    errors = ne.check_gpu_set(list(range(8)), eight, 3, 1, 1, names, "gpu_host_gpus", "host b")
+    assert errors == ["gpu_host_gpus=[0, 1, 2, 3, 4, 5, 6, 7] declares 8 GPUs, which "
+                      "gpu_host_tensor_parallel 3 does not divide (each tensor-parallel group "
+                      "takes 3 GPUs of the list): list a multiple of 3 GPUs, or set "
+                      "gpu_host_tensor_parallel to a size that divides 8"]
+    errors = ne.check_gpu_set([0, 1], eight, 2, 2, 1, names, "gpu_host_gpus", "host b")
+    assert errors == ["gpu_host_tensor_parallel 2 x gpu_host_pipeline_parallel 2 x "
+                      "gpu_host_data_parallel 1 = 4 GPUs, but gpu_host_gpus=[0, 1] declares 2: "
+                      "list more GPUs or lower gpu_host_tensor_parallel or "
+                      "gpu_host_pipeline_parallel or gpu_host_data_parallel"]
+    errors = ne.check_gpu_set([0, 0, 9], eight, 1, 1, 1, names, "gpu_host_gpus", "host b")
+    assert errors == ["gpu_host_gpus=[0, 0, 9] lists GPU 0 more than once",
+                      "gpu_host_gpus=[0, 0, 9]: host b has no GPU 9 (its GPUs: 0, 1, 2, 3, 4, 5, 6, 7)"]
+
+
+def test_gpu_list_on_a_host_without_gpus_is_refused():
+    none = {"present": False, "count": 0, "gpus": [], "nvidia_smi_error": "nvidia-smi not found"}
+    errors = ne.check_gpu_set([0, 1], none, 2, gpus_var="gpu_host_gpus", host="host cpu-1")
+    assert errors == ["host cpu-1 has no NVIDIA GPU (nvidia-smi not found) but gpu_host_gpus=[0, 1] "
+                      "declares 2: set gpu_host_gpus: [] (every GPU) for this host"]

@@ -168,7 +168,13 @@ def test_bad_entries():
     _unused, errors = resolve_instances([{"name": "A b", "port": 1}], defaults(), PROFILES)
     assert "name must match" in errors[0]
     _unused, errors = resolve_instances([{"name": "a", "port": 70000}], defaults(), PROFILES)
-    assert errors == ["instance a: port 70000 is outside 1..65535"]
+    assert errors == ["instance a: port 70000 (vllm_service_instances[0].port) is outside 1..65535"]
+    # the single instance of the role's own variables: those are named
+    _unused, errors = resolve_instances([], dict(defaults(), port=-7), PROFILES)
+    assert errors == ["instance %s: port -7 (vllm_service_port) is outside 1..65535" % defaults()["name"]]
+    _unused, errors = resolve_instances([], dict(defaults(), model_dir=""), PROFILES)
+    assert errors == ["instance %s: model_dir '' (vllm_service_model_dir) must be an absolute path "
+                      "on the host" % defaults()["name"]]
     _unused, errors = resolve_instances([{"name": "a", "port": 1, "cuda_visible_devices": "0,0"}],
                                         defaults(), PROFILES)
     assert "GPU 0 is listed twice" in errors[0]
