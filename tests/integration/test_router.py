@@ -1,0 +1,211 @@
+"""The host's front door (roles/vllm_router) on a real test host: two vLLM CPU instances of
+the tiny model behind vLLM's own router (vllm-router from PyPI), one converge of the real
+deploy playbook, then several stories on the same host:
+
+- both instances serve through the router's one port, the API key enforced and passed on;
+- kill -9 of the router: systemd brings it back and the instances are not restarted;
+- bad router settings are refused in the validation play, before any change on the host.
+
+vd-rt-1 (SSH 26401; vLLM 26410 and 26411; router 26420, its metrics 26421). Run it under
+the heavy lock (flock /tmp/vd-heavy.lock)."""
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "harness"))
+BIN = os.path.dirname(sys.executable)
+
+pytestmark = pytest.mark.slow
+
+HOST, SSH_PORT = "vd-rt-1", 26401
+ONE, TWO, ROUTER, METRICS = 26410, 26411, 26420, 26421
+KEY = "canary-router-key-5d1f8e2a9c"
+GROUP_VARS = {
+    "vllm_install_cpu_version": "0.32.0",
+    "model_weights_source": "local",
+    "model_weights_local_dir": os.path.join(ROOT, ".cache", "tiny-model"),
+    "model_weights_name": "tiny-llama",
+    "vllm_service_profile": "cpu-tiny",
+    "vllm_service_host": "127.0.0.1",
+    "vllm_service_instances": [{"name": "one", "port": ONE}, {"name": "two", "port": TWO}],
+    "vllm_service_ready_timeout_s": 600,
+    "vllm_service_restart_sec": 2,
+    "vllm_service_api_key": KEY,
+    "vllm_router_enabled": True,
+    "vllm_router_host": "127.0.0.1",
+    "vllm_router_port": ROUTER,
+    "vllm_router_metrics_host": "127.0.0.1",
+    "vllm_router_metrics_port": METRICS,
+    "vllm_benchmark_enabled": False,
+}
+
+
+def playbook(inventory, *args, timeout=1500):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
+               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    p = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", inventory,
+                        "vllm_ops.deploy.deploy"] + list(args), cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=timeout, check=False)
+    return p.returncode, p.stdout + p.stderr
+
+
+def ssh(command):
+    import testhost as th
+    st = th._state(HOST)
+    p = subprocess.run(th.ssh_base(st["port"]) + [command], capture_output=True, text=True,
+                       timeout=60, check=False)
+    return p.returncode, p.stdout
+
+
+def http(method, url, body=None, key=KEY, timeout=60):
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = "Bearer " + key
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def complete(port, prompt, key=KEY):
+    return http("POST", "http://127.0.0.1:%d/v1/completions" % port,
+                {"model": "tiny-llama", "prompt": prompt, "max_tokens": 4, "ignore_eos": True},
+                key=key)
+
+
+def unit_show(unit, *props):
+    rc, out = ssh("systemctl show %s %s" % (unit, " ".join("-p " + p for p in props)))
+    assert rc == 0, out
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def router_metrics():
+    status, text = http("GET", "http://127.0.0.1:%d/metrics" % METRICS, key=None)
+    assert status == 200
+    return text
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.fail("test hosts need root (systemd-nspawn)")
+    import testhost as th
+    if not os.path.exists(os.path.join(ROOT, ".cache", "tiny-model", "config.json")):
+        subprocess.run([sys.executable, os.path.join(ROOT, "tests", "harness", "make_tiny_model.py"),
+                        os.path.join(ROOT, ".cache", "tiny-model")], check=True)
+    th.destroy("vd-rt-")
+    th.create(HOST, SSH_PORT)
+    path = str(tmp_path_factory.mktemp("inv") / "hosts.yml")
+    th.write_inventory([HOST], path, extra_vars=GROUP_VARS)
+    t0 = time.time()
+    rc, out = playbook(path)
+    print("converge: rc=%d in %.0f s" % (rc, time.time() - t0))
+    assert rc == 0, out[-6000:]
+    yield {"inventory": path, "converge": out}
+    th.destroy("vd-rt-")
+
+
+def test_two_instances_serve_through_one_port(host):
+    status, body = http("GET", "http://127.0.0.1:%d/list_workers" % ROUTER, key=None)
+    assert status == 200
+    assert sorted(json.loads(body)["urls"]) == ["http://127.0.0.1:%d" % ONE,
+                                                "http://127.0.0.1:%d" % TWO]
+    before = router_metrics()
+    for i in range(12):
+        status, body = complete(ROUTER, "request %d: %s" % (i, "lorem ipsum " * (i + 1)))
+        assert status == 200, body
+        assert json.loads(body)["usage"]["completion_tokens"] == 4
+    text = router_metrics()
+    served = {}
+    for line in text.splitlines():
+        if line.startswith("vllm_router_processed_requests_total{"):
+            worker = line.split('worker="', 1)[1].split('"', 1)[0]
+            served[worker] = float(line.rsplit(" ", 1)[1])
+    print("router metrics before:", [l for l in before.splitlines() if "processed_requests" in l])
+    print("processed per instance:", served)
+    assert set(served) == {"http://127.0.0.1:%d" % ONE, "http://127.0.0.1:%d" % TWO}
+    assert all(v >= 1 for v in served.values()) and sum(served.values()) >= 12
+    # the key: enforced through the router (the instances check the header it passes on)
+    assert complete(ROUTER, "no key", key=None)[0] == 401
+    assert complete(ROUTER, "wrong key", key="wrong")[0] == 401
+    # the write-back: the readiness check ran through the router, the endpoint is published
+    assert "Wait until the endpoint serves through the router" in host["converge"]
+
+
+def test_router_unit_is_hardened_and_holds_no_secret(host):
+    show = unit_show("vllm_router.service", "User", "MainPID", "ActiveState",
+                     "NoNewPrivileges", "ProtectSystem", "FragmentPath")
+    assert show["ActiveState"] == "active" and show["User"] == "vllm"
+    assert show["NoNewPrivileges"] == "yes" and show["ProtectSystem"] == "strict"
+    rc, unit = ssh("cat " + show["FragmentPath"])
+    assert rc == 0 and "--worker-urls" in unit and KEY not in unit
+    rc, argv = ssh("tr '\\0' ' ' < /proc/%s/cmdline" % show["MainPID"])
+    assert rc == 0 and "--policy cache_aware" in argv and KEY not in argv
+    rc, env = ssh("tr '\\0' '\\n' < /proc/%s/environ" % show["MainPID"])
+    assert rc == 0 and KEY not in env
+    assert KEY not in host["converge"]
+
+
+def test_kill9_router_comes_back_and_instances_stay(host):
+    units = ("vllm-one.service", "vllm-two.service")
+    inst_before = dict((u, unit_show(u, "MainPID", "NRestarts")) for u in units)
+    r_before = unit_show("vllm_router.service", "MainPID", "NRestarts")
+    rc, _unused = ssh("kill -9 %s" % r_before["MainPID"])
+    assert rc == 0
+    t0 = time.time()
+    back = None
+    while time.time() - t0 < 60:
+        try:
+            status, _unused = complete(ROUTER, "after the kill")
+        except OSError:
+            status = None
+        if status == 200:
+            back = time.time() - t0
+            break
+        time.sleep(0.5)
+    print("router serving again %.1f s after kill -9" % (back or -1))
+    assert back is not None
+    r_after = unit_show("vllm_router.service", "MainPID", "NRestarts", "ActiveState")
+    assert r_after["ActiveState"] == "active" and r_after["MainPID"] != r_before["MainPID"]
+    assert int(r_after["NRestarts"]) == int(r_before["NRestarts"]) + 1
+    for u in units:
+        assert unit_show(u, "MainPID", "NRestarts") == inst_before[u], u
+
+
+BAD = [
+    ({"vllm_router_port": ONE}, "vllm_router_port=%d is the port of vLLM instance one" % ONE),
+    ({"vllm_router_port": SSH_PORT}, "vllm_router_port=%d is the port of sshd" % SSH_PORT),
+    ({"vllm_router_policy": "fastest"}, "vllm_router_policy='fastest' is not a policy of vllm-router"),
+    ({"vllm_router_instances": ["three"]}, "no vLLM instance stands behind the router"),
+    ({"vllm_service_instances": [{"name": "one", "port": ONE},
+                                 {"name": "two", "port": TWO, "served_model_name": "tiny-two"}]},
+     "the instances behind the router serve different models"),
+]
+
+
+def test_bad_router_settings_refused_before_any_change(host, tmp_path):
+    unit_before = unit_show("vllm_router.service", "MainPID")
+    rc, stamp = ssh("stat -c %Y /etc/systemd/system/vllm_router.service /etc/systemd/system/vllm-two.service")
+    assert rc == 0
+    for extra, message in BAD:
+        path = tmp_path / "extra.yml"
+        path.write_text(yaml.safe_dump(extra))
+        rc, out = playbook(host["inventory"], "-e", "@" + str(path), timeout=600)
+        assert rc != 0, out[-3000:]
+        assert message in out, out[-3000:]
+        converge = out.partition("PLAY [Converge vLLM hosts]")[2]
+        assert "TASK [" not in converge, "a converge task ran:\n" + out[-3000:]
+    assert ssh("stat -c %Y /etc/systemd/system/vllm_router.service /etc/systemd/system/vllm-two.service") == (0, stamp)
+    assert unit_show("vllm_router.service", "MainPID") == unit_before
+    assert complete(ROUTER, "still serving")[0] == 200
