@@ -44,7 +44,12 @@ GROUP_VARS = {
     "vllm_router_port": ROUTER,
     "vllm_router_metrics_host": "127.0.0.1",
     "vllm_router_metrics_port": METRICS,
-    "vllm_benchmark_enabled": False,
+    # one short sweep level: the write-back records the router as the host's endpoint
+    "vllm_benchmark_levels": [1],
+    "vllm_benchmark_input_len": 16,
+    "vllm_benchmark_output_len": 16,
+    "vllm_benchmark_duration_s": 3,
+    "vllm_benchmark_report": False,
 }
 
 
@@ -139,8 +144,13 @@ def test_two_instances_serve_through_one_port(host):
     # the key: enforced through the router (the instances check the header it passes on)
     assert complete(ROUTER, "no key", key=None)[0] == 401
     assert complete(ROUTER, "wrong key", key="wrong")[0] == 401
-    # the write-back: the readiness check ran through the router, the endpoint is published
+    # the readiness check ran through the router; the write-back names it the host's endpoint
     assert "Wait until the endpoint serves through the router" in host["converge"]
+    with open(os.path.join(os.path.dirname(host["inventory"]), "host_vars", HOST,
+                           "vllm_benchmark.yml")) as f:
+        saved = yaml.safe_load(f)["vllm_benchmark_results"]
+    assert saved["endpoint"] == "http://127.0.0.1:%d" % ROUTER
+    assert sorted(saved["instances"]) == ["one", "two"]
 
 
 def test_router_unit_is_hardened_and_holds_no_secret(host):
