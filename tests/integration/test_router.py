@@ -113,12 +113,14 @@ def host(tmp_path_factory):
     th.create(HOST, SSH_PORT)
     path = str(tmp_path_factory.mktemp("inv") / "hosts.yml")
     th.write_inventory([HOST], path, extra_vars=GROUP_VARS)
-    t0 = time.time()
-    rc, out = playbook(path)
-    print("converge: rc=%d in %.0f s" % (rc, time.time() - t0))
-    assert rc == 0, out[-6000:]
-    yield {"inventory": path, "converge": out}
-    th.destroy("vd-rt-")
+    try:
+        t0 = time.time()
+        rc, out = playbook(path)
+        print("converge: rc=%d in %.0f s" % (rc, time.time() - t0))
+        assert rc == 0, out[-6000:]
+        yield {"inventory": path, "converge": out}
+    finally:
+        th.destroy("vd-rt-")
 
 
 def test_two_instances_serve_through_one_port(host):
@@ -165,6 +167,80 @@ def test_router_unit_is_hardened_and_holds_no_secret(host):
     rc, env = ssh("tr '\\0' '\\n' < /proc/%s/environ" % show["MainPID"])
     assert rc == 0 and KEY not in env
     assert KEY not in host["converge"]
+
+
+class Load(object):
+    """Steady closed-loop load through the router: WORKERS clients, each sending its next
+    completion when the last one ends; every request's start, end and outcome is kept."""
+    WORKERS = 4
+
+    def __init__(self, port):
+        import threading
+        self.port, self.stop, self.records = port, threading.Event(), []
+        self.threads = [threading.Thread(target=self.worker, args=(i,), daemon=True)
+                        for i in range(self.WORKERS)]
+
+    def worker(self, i):
+        n = 0
+        while not self.stop.is_set():
+            t0 = time.time()
+            try:
+                status, body = complete(self.port, "worker %d request %d %s" % (i, n, "x " * 8))
+                ok = status == 200 and json.loads(body)["usage"]["completion_tokens"] == 4
+                why = "" if ok else "HTTP %s %s" % (status, body[:200])
+            except Exception as e:  # a refused or reset connection is a failed request too
+                ok, why = False, repr(e)
+            self.records.append((t0, time.time(), ok, why))
+            n += 1
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(120)
+
+    def rate(self, start, end):
+        done = [r for r in self.records if start <= r[1] < end and r[2]]
+        return len(done) / max(end - start, 1e-9)
+
+
+def test_flag_change_of_both_instances_rolls_with_no_failed_request(host, tmp_path):
+    """Under steady load through the router, a serving flag of both instances changes: they
+    restart one at a time behind the router and no request fails."""
+    units = ("vllm-one.service", "vllm-two.service")
+    before = dict((u, unit_show(u, "MainPID")["MainPID"]) for u in units)
+    extra = tmp_path / "change.yml"
+    extra.write_text(yaml.safe_dump({"vllm_service_args": ["--max-logprobs", "21"],
+                                     "vllm_benchmark_enabled": False}))
+    with Load(ROUTER) as load:
+        time.sleep(20)
+        t_change = time.time()
+        rc, out = playbook(host["inventory"], "-e", "@" + str(extra))
+        t_done = time.time()
+        time.sleep(10)
+    assert rc == 0, out[-6000:]
+    assert "rolling through the router, one instance at a time: one, two" in out
+    failed = [r for r in load.records if not r[2]]
+    drains = [line.strip() for line in out.splitlines() if "drained after" in line]
+    base = load.rate(t_change - 20, t_change)
+    buckets = [load.rate(t, t + 10) for t in range(int(t_change), int(t_done) - 9, 10)]
+    print("requests: %d ok, %d failed; change took %.0f s" % (
+        len(load.records) - len(failed), len(failed), t_done - t_change))
+    print("completions/s before %.2f; during the change per 10 s: %s; min/before %.2f" % (
+        base, ["%.2f" % b for b in buckets], min(buckets) / base if buckets and base else -1))
+    print("drains:", drains)
+    assert failed == [], failed[:5]
+    assert len(drains) == 2 and all("instance one" in d or "instance two" in d for d in drains)
+    after = dict((u, unit_show(u, "MainPID")["MainPID"]) for u in units)
+    assert all(after[u] != before[u] for u in units)  # both restarted
+    rc, argv = ssh("tr '\\0' ' ' < /proc/%s/cmdline" % after["vllm-one.service"])
+    assert "--max-logprobs 21" in argv
+    status, body = http("GET", "http://127.0.0.1:%d/list_workers" % ROUTER, key=None)
+    assert len(json.loads(body)["urls"]) == 2
 
 
 def test_kill9_router_comes_back_and_instances_stay(host):

