@@ -42,6 +42,10 @@ GROUP_VARS = {
     "vllm_router_enabled": True,
     "vllm_router_host": "127.0.0.1",
     "vllm_router_port": ROUTER,
+    # cache_aware (the default) sent every one of a dozen sequential requests to the same
+    # instance here (it balances load only past 64 requests of imbalance): round robin shows
+    # both instances serving through the one port
+    "vllm_router_policy": "round_robin",
     "vllm_router_metrics_host": "127.0.0.1",
     "vllm_router_metrics_port": METRICS,
     # one short sweep level: the write-back records the router as the host's endpoint
@@ -162,8 +166,11 @@ def test_router_unit_is_hardened_and_holds_no_secret(host):
     assert show["NoNewPrivileges"] == "yes" and show["ProtectSystem"] == "strict"
     rc, unit = ssh("cat " + show["FragmentPath"])
     assert rc == 0 and "--worker-urls" in unit and KEY not in unit
+    # vllm-router retitles its process (vllm::router): its argv is the unit's ExecStart
     rc, argv = ssh("tr '\\0' ' ' < /proc/%s/cmdline" % show["MainPID"])
-    assert rc == 0 and "--policy cache_aware" in argv and KEY not in argv
+    assert rc == 0 and argv.startswith("vllm::router") and KEY not in argv
+    exec_start = unit_show("vllm_router.service", "ExecStart")["ExecStart"]
+    assert "--policy round_robin" in exec_start and KEY not in exec_start
     rc, env = ssh("tr '\\0' '\\n' < /proc/%s/environ" % show["MainPID"])
     assert rc == 0 and KEY not in env
     assert KEY not in host["converge"]
