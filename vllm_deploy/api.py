@@ -26,7 +26,9 @@ def _host_results(collector: EventCollector) -> Dict[str, HostResult]:
     out = {}
     for host in collector.hosts():
         facts = collector.facts.get(host, {})
-        endpoint = Endpoint.from_fact(facts.get("vllm_service_endpoint"))
+        # the host's one endpoint: its router when one stands in front of the instances
+        endpoint = (Endpoint.from_fact(facts.get("vllm_router_endpoint"))
+                    or Endpoint.from_fact(facts.get("vllm_service_endpoint")))
         endpoints = [e for e in (Endpoint.from_fact(x) for x in
                                  facts.get("vllm_service_endpoints") or []) if e]
         if endpoint and not endpoints:

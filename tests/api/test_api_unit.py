@@ -373,3 +373,22 @@ def test_compare_overlays_two_pins_of_an_upgrade_history(tmp_path):
         sweep_report.load_run(str(f) + "#vllm-")
     with pytest.raises(sweep_report.ReportError, match="none named"):
         sweep_report.load_run(str(f))
+
+
+def test_host_endpoint_is_the_router_when_one_stands_in_front():
+    from vllm_deploy import api
+    inst = [{"name": "one", "url": "http://127.0.0.1:26410", "model": "tiny-llama"},
+            {"name": "two", "url": "http://127.0.0.1:26411", "model": "tiny-llama"}]
+    for router, expected in ((None, "http://127.0.0.1:26410"),
+                             ({"name": "router", "url": "http://127.0.0.1:26420",
+                               "model": "tiny-llama", "unit": "vllm_router.service"},
+                              "http://127.0.0.1:26420")):
+        c = events.EventCollector()
+        facts = {"vllm_service_endpoints": inst, "vllm_service_endpoint": inst[0]}
+        if router:
+            facts["vllm_router_endpoint"] = router
+        c.add({"event": "runner_on_ok", "event_data": {
+            "host": "h1", "task": "Publish", "res": {"ansible_facts": facts}}})
+        h = api._host_results(c)["h1"]
+        assert h.endpoint.url == expected and h.endpoint.model == "tiny-llama"
+        assert [e.url for e in h.endpoints] == [i["url"] for i in inst] and h.ready

@@ -37,7 +37,7 @@ from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.monitoring.rules i
     _fmt, alert_rules, benchmark_rules)
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.monitoring.settings import (
     _number, BENCH_MEASURED_AT, BENCH_PEAK, BENCH_PEAK_CONCURRENCY, BENCH_SINGLE,
-    BENCH_SLO_CONCURRENCY, BENCH_SLO_TOK_S, check_settings, MonitoringError,
+    BENCH_SLO_CONCURRENCY, BENCH_SLO_TOK_S, check_settings, MonitoringError, ROUTER_JOB,
     SETTING_NAMES, SLO_TPOT, SLO_TTFT, VLLM_JOB)
 
 __all__ = (
@@ -111,6 +111,8 @@ def plan(hosts, server, settings):
     targets = []
     for job in scrapes:
         name = VLLM_JOB if job["job_name"].startswith(VLLM_JOB + "-") else job["job_name"]
+        if job["job_name"].startswith(ROUTER_JOB + "-"):
+            name = ROUTER_JOB
         for g in job["static_configs"]:
             for t in g["targets"]:
                 inst = g["labels"].get("instance", t)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.monitoring.settings import (
     ANY, DCGM_JOB, LOOPBACK, MonitoringError, NODE_JOB, parse_listen, PROMETHEUS_JOB,
-    safe_name, VLLM_JOB)
+    ROUTER_JOB, safe_name, VLLM_JOB)
 
 
 # --- what the role reads of each vLLM host --------------------------------------------------
@@ -65,6 +65,11 @@ def host_input(name, hv, profiles=None):
     gpu_facts = hv.get("gpu_facts") or facts.get("gpu_facts") or {}
     gpu_count = gpu_facts.get("count") if isinstance(gpu_facts, dict) else None
     results = hv.get("vllm_benchmark_results")
+    router = None
+    if str(hv.get("vllm_router_enabled", False)).lower() in ("true", "yes", "1"):
+        # the router's own metrics listener (roles/vllm_router's defaults when not set)
+        router = {"host": hv.get("vllm_router_metrics_host") or "0.0.0.0",
+                  "port": hv.get("vllm_router_metrics_port") or 29000}
     return {
         "host": str(name),
         "address": str(hv.get("vllm_monitoring_scrape_address") or hv.get("ansible_host")
@@ -74,6 +79,7 @@ def host_input(name, hv, profiles=None):
         "api_key_set": bool(hv.get("vllm_service_api_key")),
         "results": results if isinstance(results, dict) else {},
         "gpu_count": gpu_count if isinstance(gpu_count, int) else None,
+        "router": router,
         "dcgm_exporter": bool(hv.get("vllm_monitoring_dcgm_exporter_binary")),
         "overrides": dict((k[len("vllm_monitoring_"):], hv.get(k)) for k in (
             "vllm_monitoring_node_exporter_listen_address",
@@ -157,6 +163,27 @@ def scrape_configs(hosts, server, settings):
             job["authorization"] = {"type": "Bearer", "credentials_file": path}
             credentials.append({"host": h["host"], "path": path})
         configs.append(job)
+        if h.get("router"):
+            # vLLM's router on the host (roles/vllm_router): its metrics listener, no key.
+            try:
+                rport = int(h["router"]["port"])
+            except (TypeError, ValueError):
+                rport = None
+                errors.append("host %s: vllm_router_metrics_port %r is not an integer"
+                              % (h["host"], h["router"]["port"]))
+            if rport is not None:
+                target, err = _target(h, h["router"]["host"], rport, server,
+                                      "vLLM router metrics (vllm_router_metrics_host)")
+                if err:
+                    errors.append(err)
+                else:
+                    configs.append({"job_name": "%s-%s" % (ROUTER_JOB, safe_name(h["host"])),
+                                    "metrics_path": "/metrics",
+                                    "static_configs": [{"targets": [target],
+                                                        "labels": {"host": h["host"]}}],
+                                    "relabel_configs": [{"target_label": "job",
+                                                         "replacement": ROUTER_JOB}]})
+                    host_ports[rport] = "vLLM router metrics (vllm_router_metrics_port)"
         # Ports of the exporters on this host must not collide with its vLLM ports.
         node_listen = h["overrides"].get("node_exporter_listen_address",
                                          settings["node_exporter_listen_address"])

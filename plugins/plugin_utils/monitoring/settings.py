@@ -14,6 +14,7 @@ VLLM_JOB = "vllm"
 NODE_JOB = "node"
 DCGM_JOB = "dcgm"
 PROMETHEUS_JOB = "prometheus"
+ROUTER_JOB = "vllm_router"
 
 # Recording rules carrying the benchmark results and the SLOs (one series per host/instance).
 BENCH_PEAK = "vllm_deploy:benchmark_peak_output_tokens_per_second"

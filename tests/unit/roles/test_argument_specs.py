@@ -21,7 +21,7 @@ def load(role, *parts):
 
 
 def test_the_roles_and_their_shared_defaults():
-    assert "vllm_deploy" in ROLES and len(ROLES) == 10  # with vllm_monitoring and vllm_tune
+    assert "vllm_deploy" in ROLES and len(ROLES) == 11  # with vllm_monitoring, vllm_tune, vllm_router
     for role in ROLES:
         deps = (load(role, "meta", "main.yml") or {}).get("dependencies") or []
         if role == "vllm_deploy":

@@ -762,3 +762,31 @@ def test_snapshot_draws_every_panel_but_the_gpu_ones():
                               if p["type"] != "row" and not p["vllm_deploy"]["requires_gpu"]])
     assert snap.legend("{{host}}/{{ instance }} p99", {"host": "h1", "instance": "main"}) == "h1/main p99"
     assert snap.scale("s") == (1000.0, "ms") and snap.scale("percentunit") == (100.0, "%")
+
+
+def test_a_host_with_a_router_gets_a_router_job():
+    p = _plan([("h1", _hv(vllm_router_enabled=True)),
+               ("h2", _hv(ansible_host="10.0.0.2", vllm_router_enabled="true",
+                          vllm_router_metrics_port=29100)),
+               ("h3", _hv(ansible_host="10.0.0.3", vllm_router_enabled=False))])
+    assert p["errors"] == []
+    jobs = dict((j["job_name"], j) for j in p["prometheus_config"]["scrape_configs"])
+    assert "vllm_router-h3" not in jobs
+    assert jobs["vllm_router-h1"]["static_configs"] == [
+        {"targets": ["127.0.0.1:29000"], "labels": {"host": "h1"}}]
+    assert jobs["vllm_router-h2"]["static_configs"] == [
+        {"targets": ["10.0.0.2:29100"], "labels": {"host": "h2"}}]
+    assert jobs["vllm_router-h2"]["relabel_configs"] == [
+        {"target_label": "job", "replacement": "vllm_router"}]
+    assert "authorization" not in jobs["vllm_router-h1"]
+    assert sorted(t["key"] for t in p["targets"] if t["job"] == "vllm_router") == [
+        "vllm_router/h1/127.0.0.1:29000", "vllm_router/h2/10.0.0.2:29100"]
+
+
+def test_a_router_metrics_listener_on_loopback_of_another_host_is_refused():
+    p = _plan([("h1", _hv()), ("h2", _hv(ansible_host="10.0.0.2", vllm_router_enabled=True,
+                                         vllm_router_metrics_host="127.0.0.1"))])
+    assert len(p["errors"]) == 1 and "vLLM router metrics (vllm_router_metrics_host)" in p["errors"][0]
+    assert "listens on 127.0.0.1 only" in p["errors"][0]
+    p = _plan([("h1", _hv(vllm_router_enabled=True, vllm_router_metrics_port=9100))])
+    assert any("node exporter" in e and "vLLM router metrics" in e for e in p["errors"]), p["errors"]

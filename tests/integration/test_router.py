@@ -1,0 +1,304 @@
+"""The host's front door (roles/vllm_router) on a real test host: two vLLM CPU instances of
+the tiny model behind vLLM's own router (vllm-router from PyPI), one converge of the real
+deploy playbook, then several stories on the same host:
+
+- both instances serve through the router's one port, the API key enforced and passed on;
+- kill -9 of the router: systemd brings it back and the instances are not restarted;
+- bad router settings are refused in the validation play, before any change on the host.
+
+vd-rt-1 (SSH 26401; vLLM 26410 and 26411; router 26420, its metrics 26421). Run it under
+the heavy lock (flock /tmp/vd-heavy.lock)."""
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "harness"))
+BIN = os.path.dirname(sys.executable)
+
+pytestmark = pytest.mark.slow
+
+HOST, SSH_PORT = "vd-rt-1", 26401
+ONE, TWO, ROUTER, METRICS = 26410, 26411, 26420, 26421
+KEY = "canary-router-key-5d1f8e2a9c"
+GROUP_VARS = {
+    "vllm_install_cpu_version": "0.32.0",
+    "model_weights_source": "local",
+    "model_weights_local_dir": os.path.join(ROOT, ".cache", "tiny-model"),
+    "model_weights_name": "tiny-llama",
+    "vllm_service_profile": "cpu-tiny",
+    "vllm_service_host": "127.0.0.1",
+    "vllm_service_instances": [{"name": "one", "port": ONE}, {"name": "two", "port": TWO}],
+    "vllm_service_ready_timeout_s": 600,
+    "vllm_service_restart_sec": 2,
+    "vllm_service_api_key": KEY,
+    "vllm_router_enabled": True,
+    "vllm_router_host": "127.0.0.1",
+    "vllm_router_port": ROUTER,
+    # cache_aware (the default) sent every one of a dozen sequential requests to the same
+    # instance here (it balances load only past 64 requests of imbalance): round robin shows
+    # both instances serving through the one port
+    "vllm_router_policy": "round_robin",
+    "vllm_router_metrics_host": "127.0.0.1",
+    "vllm_router_metrics_port": METRICS,
+    # one short sweep level: the write-back records the router as the host's endpoint
+    "vllm_benchmark_levels": [1],
+    "vllm_benchmark_input_len": 16,
+    "vllm_benchmark_output_len": 16,
+    "vllm_benchmark_duration_s": 3,
+    "vllm_benchmark_report": False,
+}
+
+
+def playbook(inventory, *args, timeout=1500):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
+               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    p = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", inventory,
+                        "vllm_ops.deploy.deploy"] + list(args), cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=timeout, check=False)
+    return p.returncode, p.stdout + p.stderr
+
+
+def ssh(command):
+    import testhost as th
+    st = th._state(HOST)
+    p = subprocess.run(th.ssh_base(st["port"]) + [command], capture_output=True, text=True,
+                       timeout=60, check=False)
+    return p.returncode, p.stdout
+
+
+def http(method, url, body=None, key=KEY, timeout=60):
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = "Bearer " + key
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def complete(port, prompt, key=KEY):
+    return http("POST", "http://127.0.0.1:%d/v1/completions" % port,
+                {"model": "tiny-llama", "prompt": prompt, "max_tokens": 4, "ignore_eos": True},
+                key=key)
+
+
+def unit_show(unit, *props):
+    rc, out = ssh("systemctl show %s %s" % (unit, " ".join("-p " + p for p in props)))
+    assert rc == 0, out
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def router_metrics():
+    status, text = http("GET", "http://127.0.0.1:%d/metrics" % METRICS, key=None)
+    assert status == 200
+    return text
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.fail("test hosts need root (systemd-nspawn)")
+    import testhost as th
+    if not os.path.exists(os.path.join(ROOT, ".cache", "tiny-model", "config.json")):
+        subprocess.run([sys.executable, os.path.join(ROOT, "tests", "harness", "make_tiny_model.py"),
+                        os.path.join(ROOT, ".cache", "tiny-model")], check=True)
+    th.destroy("vd-rt-")
+    th.create(HOST, SSH_PORT)
+    path = str(tmp_path_factory.mktemp("inv") / "hosts.yml")
+    th.write_inventory([HOST], path, extra_vars=GROUP_VARS)
+    try:
+        t0 = time.time()
+        rc, out = playbook(path)
+        print("converge: rc=%d in %.0f s" % (rc, time.time() - t0))
+        assert rc == 0, out[-6000:]
+        yield {"inventory": path, "converge": out}
+    finally:
+        th.destroy("vd-rt-")
+
+
+def test_two_instances_serve_through_one_port(host):
+    status, body = http("GET", "http://127.0.0.1:%d/list_workers" % ROUTER, key=None)
+    assert status == 200
+    assert sorted(json.loads(body)["urls"]) == ["http://127.0.0.1:%d" % ONE,
+                                                "http://127.0.0.1:%d" % TWO]
+    before = router_metrics()
+    for i in range(12):
+        status, body = complete(ROUTER, "request %d: %s" % (i, "lorem ipsum " * (i + 1)))
+        assert status == 200, body
+        assert json.loads(body)["usage"]["completion_tokens"] == 4
+    text = router_metrics()
+    served = {}
+    for line in text.splitlines():
+        if line.startswith("vllm_router_processed_requests_total{"):
+            worker = line.split('worker="', 1)[1].split('"', 1)[0]
+            served[worker] = float(line.rsplit(" ", 1)[1])
+    print("router metrics before:", [l for l in before.splitlines() if "processed_requests" in l])
+    print("processed per instance:", served)
+    assert set(served) == {"http://127.0.0.1:%d" % ONE, "http://127.0.0.1:%d" % TWO}
+    assert all(v >= 1 for v in served.values()) and sum(served.values()) >= 12
+    # the key: enforced through the router (the instances check the header it passes on)
+    assert complete(ROUTER, "no key", key=None)[0] == 401
+    assert complete(ROUTER, "wrong key", key="wrong")[0] == 401
+    # the readiness check ran through the router; the write-back names it the host's endpoint
+    assert "Wait until the endpoint serves through the router" in host["converge"]
+    with open(os.path.join(os.path.dirname(host["inventory"]), "host_vars", HOST,
+                           "vllm_benchmark.yml")) as f:
+        saved = yaml.safe_load(f)["vllm_benchmark_results"]
+    assert saved["endpoint"] == "http://127.0.0.1:%d" % ROUTER
+    assert sorted(saved["instances"]) == ["one", "two"]
+
+
+def test_router_unit_is_hardened_and_holds_no_secret(host):
+    show = unit_show("vllm_router.service", "User", "MainPID", "ActiveState",
+                     "NoNewPrivileges", "ProtectSystem", "FragmentPath")
+    assert show["ActiveState"] == "active" and show["User"] == "vllm"
+    assert show["NoNewPrivileges"] == "yes" and show["ProtectSystem"] == "strict"
+    rc, unit = ssh("cat " + show["FragmentPath"])
+    assert rc == 0 and "--worker-urls" in unit and KEY not in unit
+    # vllm-router retitles its process (vllm::router): its argv is the unit's ExecStart
+    rc, argv = ssh("tr '\\0' ' ' < /proc/%s/cmdline" % show["MainPID"])
+    assert rc == 0 and argv.startswith("vllm::router") and KEY not in argv
+    exec_start = unit_show("vllm_router.service", "ExecStart")["ExecStart"]
+    assert "--policy round_robin" in exec_start and KEY not in exec_start
+    rc, env = ssh("tr '\\0' '\\n' < /proc/%s/environ" % show["MainPID"])
+    assert rc == 0 and KEY not in env
+    assert KEY not in host["converge"]
+
+
+class Load(object):
+    """Steady closed-loop load through the router: WORKERS clients, each sending its next
+    completion when the last one ends; every request's start, end and outcome is kept."""
+    WORKERS = 4
+
+    def __init__(self, port):
+        import threading
+        self.port, self.stop, self.records = port, threading.Event(), []
+        self.threads = [threading.Thread(target=self.worker, args=(i,), daemon=True)
+                        for i in range(self.WORKERS)]
+
+    def worker(self, i):
+        n = 0
+        while not self.stop.is_set():
+            t0 = time.time()
+            try:
+                status, body = complete(self.port, "worker %d request %d %s" % (i, n, "x " * 8))
+                ok = status == 200 and json.loads(body)["usage"]["completion_tokens"] == 4
+                why = "" if ok else "HTTP %s %s" % (status, body[:200])
+            except Exception as e:  # a refused or reset connection is a failed request too
+                ok, why = False, repr(e)
+            self.records.append((t0, time.time(), ok, why))
+            n += 1
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(120)
+
+    def rate(self, start, end):
+        done = [r for r in self.records if start <= r[1] < end and r[2]]
+        return len(done) / max(end - start, 1e-9)
+
+
+def test_flag_change_of_both_instances_rolls_with_no_failed_request(host, tmp_path):
+    """Under steady load through the router, a serving flag of both instances changes: they
+    restart one at a time behind the router and no request fails."""
+    units = ("vllm-one.service", "vllm-two.service")
+    before = dict((u, unit_show(u, "MainPID")["MainPID"]) for u in units)
+    extra = tmp_path / "change.yml"
+    extra.write_text(yaml.safe_dump({"vllm_service_args": ["--max-logprobs", "21"],
+                                     "vllm_benchmark_enabled": False}))
+    with Load(ROUTER) as load:
+        time.sleep(20)
+        t_change = time.time()
+        rc, out = playbook(host["inventory"], "-e", "@" + str(extra))
+        t_done = time.time()
+        time.sleep(10)
+    assert rc == 0, out[-6000:]
+    assert "rolling through the router, one instance at a time: one, two" in out
+    failed = [r for r in load.records if not r[2]]
+    drains = [line.strip() for line in out.splitlines() if "drained after" in line]
+    base = load.rate(t_change - 20, t_change)
+    buckets = [load.rate(t, t + 10) for t in range(int(t_change), int(t_done) - 9, 10)]
+    print("requests: %d ok, %d failed; change took %.0f s" % (
+        len(load.records) - len(failed), len(failed), t_done - t_change))
+    print("completions/s before %.2f; during the change per 10 s: %s; min/before %.2f" % (
+        base, ["%.2f" % b for b in buckets], min(buckets) / base if buckets and base else -1))
+    print("drains:", drains)
+    assert failed == [], failed[:5]
+    assert len(drains) == 2 and all("instance one" in d or "instance two" in d for d in drains)
+    after = dict((u, unit_show(u, "MainPID")["MainPID"]) for u in units)
+    assert all(after[u] != before[u] for u in units)  # both restarted
+    rc, argv = ssh("tr '\\0' ' ' < /proc/%s/cmdline" % after["vllm-one.service"])
+    assert "--max-logprobs 21" in argv
+    status, body = http("GET", "http://127.0.0.1:%d/list_workers" % ROUTER, key=None)
+    assert len(json.loads(body)["urls"]) == 2
+
+
+def test_kill9_router_comes_back_and_instances_stay(host):
+    units = ("vllm-one.service", "vllm-two.service")
+    inst_before = dict((u, unit_show(u, "MainPID", "NRestarts")) for u in units)
+    r_before = unit_show("vllm_router.service", "MainPID", "NRestarts")
+    rc, _unused = ssh("kill -9 %s" % r_before["MainPID"])
+    assert rc == 0
+    t0 = time.time()
+    back = None
+    while time.time() - t0 < 60:
+        try:
+            status, _unused = complete(ROUTER, "after the kill")
+        except OSError:
+            status = None
+        if status == 200:
+            back = time.time() - t0
+            break
+        time.sleep(0.5)
+    print("router serving again %.1f s after kill -9" % (back or -1))
+    assert back is not None
+    r_after = unit_show("vllm_router.service", "MainPID", "NRestarts", "ActiveState")
+    assert r_after["ActiveState"] == "active" and r_after["MainPID"] != r_before["MainPID"]
+    assert int(r_after["NRestarts"]) == int(r_before["NRestarts"]) + 1
+    for u in units:
+        assert unit_show(u, "MainPID", "NRestarts") == inst_before[u], u
+
+
+BAD = [
+    ({"vllm_router_port": ONE}, "vllm_router_port=%d is the port of vLLM instance one" % ONE),
+    ({"vllm_router_port": SSH_PORT}, "vllm_router_port=%d is the port of sshd" % SSH_PORT),
+    ({"vllm_router_policy": "fastest"}, "vllm_router_policy='fastest' is not a policy of vllm-router"),
+    ({"vllm_router_instances": ["three"]}, "no vLLM instance stands behind the router"),
+    ({"vllm_service_instances": [{"name": "one", "port": ONE},
+                                 {"name": "two", "port": TWO, "served_model_name": "tiny-two"}]},
+     "the instances behind the router serve different models"),
+]
+
+
+def test_bad_router_settings_refused_before_any_change(host, tmp_path):
+    unit_before = unit_show("vllm_router.service", "MainPID")
+    rc, stamp = ssh("stat -c %Y /etc/systemd/system/vllm_router.service /etc/systemd/system/vllm-two.service")
+    assert rc == 0
+    for extra, message in BAD:
+        path = tmp_path / "extra.yml"
+        path.write_text(yaml.safe_dump(extra))
+        rc, out = playbook(host["inventory"], "-e", "@" + str(path), timeout=600)
+        assert rc != 0, out[-3000:]
+        assert message in out, out[-3000:]
+        converge = out.partition("PLAY [Converge vLLM hosts]")[2]
+        assert "TASK [" not in converge, "a converge task ran:\n" + out[-3000:]
+    assert ssh("stat -c %Y /etc/systemd/system/vllm_router.service /etc/systemd/system/vllm-two.service") == (0, stamp)
+    assert unit_show("vllm_router.service", "MainPID") == unit_before
+    assert complete(ROUTER, "still serving")[0] == 200
