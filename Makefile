@@ -56,8 +56,8 @@ setup: $(BIN)/.installed
 .cache/tiny-model-b/config.json: tests/harness/make_tiny_model.py | $(BIN)/.installed
 	$(BIN)/python tests/harness/make_tiny_model.py .cache/tiny-model-b --seed 7 --vocab-size 1024
 
-demo: setup
-	$(BIN)/python tests/harness/demo.py
+demo: setup .cache/tiny-model/config.json
+	$(BIN)/python demo/demo.py
 
 demo-clean: setup
 	$(BIN)/python tests/harness/testhost.py destroy vd-demo
