@@ -38,9 +38,9 @@ SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 OVERRIDE_OPS = ("set", "delete")
 
 # Example: drop the FP8 KV-cache scheme a checkpoint declares (SM120 cannot run it, and a
-# scheme declared in the checkpoint forces FP8 KV whatever --kv-cache-dtype says: vLLM issue
-# 34752; editing config.json / hf_quant_config.json is the working fix). Use the entries that
-# exist in the checkpoint: a missing key is an error.
+# scheme declared in the checkpoint forces FP8 KV whatever --kv-cache-dtype says, so editing
+# config.json / hf_quant_config.json is the fix). Use the entries that exist in the
+# checkpoint: a missing key is an error.
 FP8_KV_CACHE_OVERRIDE_EXAMPLE = [
     {"file": "config.json", "delete": "quantization_config.kv_cache_scheme"},
     {"file": "hf_quant_config.json", "delete": "quantization.kv_cache_quant_algo"},

@@ -1,4 +1,4 @@
-"""The autotuner's logic (issue 17), pure Python: SLO classes, the budget, candidate
+"""The autotuner's logic, pure Python: SLO classes, the budget, candidate
 enumeration admitted by the capacity planner, the search (``screen``: one knob at a time from the
 default, the winners' combination, then halving among the leaders; or successive halving over
 every candidate; early stop at saturation), scoring from the sweep's levels, the correctness gate's comparison, noise-aware
