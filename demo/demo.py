@@ -30,7 +30,7 @@ import testhost  # noqa: E402
 
 HOST = os.environ.get("VD_DEMO_HOST", "vd-demo-1")
 SSH_PORT = int(os.environ.get("VD_DEMO_SSH_PORT", "2221"))
-MODEL_DIR = os.path.join(ROOT, ".cache", "tiny-model")
+MODEL_DIR = os.environ.get("VD_DEMO_MODEL_DIR", os.path.join(ROOT, ".cache", "tiny-model"))
 INVENTORY = os.path.join(ROOT, "inventory", "demo", "hosts.yml")
 LOCK = os.path.join(testhost.CACHE, "demo.lock")
 HUB_PORT = int(os.environ.get("VD_DEMO_HUB_PORT", "8101"))  # = model_weights_endpoint's port
@@ -80,6 +80,25 @@ def client_limited_note(sweep, cores):
     return lines
 
 
+def model_ready(model_dir):
+    """The tiny model is there and its tokenizer has a chat template (a model made before the
+    generator wrote one is made again: same weights and vocabulary, the template added)."""
+    try:
+        with open(os.path.join(model_dir, "tokenizer_config.json")) as fh:
+            tok = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    return bool(tok.get("chat_template")) and os.path.exists(os.path.join(model_dir, "config.json"))
+
+
+def endpoint(argv):
+    """The endpoint's URL, with a port given as `-e vllm_service_port=N` on the command line."""
+    for arg in argv:
+        if arg.startswith("vllm_service_port="):
+            return "http://127.0.0.1:%s/v1" % arg.split("=", 1)[1]
+    return ENDPOINT
+
+
 def newest_sweep(since):
     """The newest sweep.json the run wrote under inventory/demo/reports/ (None if none)."""
     paths = [p for p in glob.glob(os.path.join(REPORTS, HOST, "*", "*", "sweep.json"))
@@ -101,7 +120,7 @@ def main():
         return 2
     started = time.time()
     py = sys.executable
-    if not os.path.exists(os.path.join(MODEL_DIR, "config.json")):
+    if not model_ready(MODEL_DIR):
         subprocess.run([py, os.path.join(ROOT, "tests", "harness", "make_tiny_model.py"), MODEL_DIR],
                        check=True)
     try:
@@ -132,7 +151,7 @@ def main():
         print(line, flush=True)
     print("demo: finished in %.0f s (exit %d); endpoint: %s (model tiny-llama), host: "
           "ssh -p %d -i %s root@127.0.0.1; results: inventory/demo/host_vars/%s/"
-          % (time.time() - started, rc, ENDPOINT, SSH_PORT, testhost.KEY, HOST), flush=True)
+          % (time.time() - started, rc, endpoint(sys.argv[1:]), SSH_PORT, testhost.KEY, HOST), flush=True)
     return rc
 
 

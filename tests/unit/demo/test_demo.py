@@ -46,3 +46,19 @@ def test_newest_sweep_of_this_run_is_read(tmp_path, monkeypatch):
     os.utime(str(new), (2000, 2000))
     assert demo.newest_sweep(1500)["levels"][0]["concurrency"] == 2
     assert demo.newest_sweep(3000) is None
+
+
+def test_a_model_without_chat_template_is_made_again(tmp_path):
+    demo = _demo()
+    assert demo.model_ready(str(tmp_path)) is False
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>"}))
+    assert demo.model_ready(str(tmp_path)) is False
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ x }}"}))
+    assert demo.model_ready(str(tmp_path)) is True
+
+
+def test_the_endpoint_follows_a_port_given_on_the_command_line():
+    demo = _demo()
+    assert demo.endpoint([]) == "http://127.0.0.1:8100/v1"
+    assert demo.endpoint(["-e", "vllm_service_port=26020"]) == "http://127.0.0.1:26020/v1"
