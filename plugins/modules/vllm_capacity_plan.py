@@ -93,7 +93,7 @@ options:
   reserve_gib:
     description:
       - Memory per GPU kept out of the KV cache for activations, CUDA graphs and NCCL buffers.
-        The default matches one public measurement (MiniMax-M2.5, TP4, RTX PRO 6000).
+        Raise it when vLLM's log reports less KV cache than the plan.
     type: float
     default: 8.0
   block_size:

@@ -240,9 +240,8 @@ options:
         (C(chunk_tokens) in the request log, for multi-token chunks under speculative decoding).
       - Off by default, like C(vllm bench serve) and real clients. With it the server builds one
         usage object per token, and where its API server is the bottleneck (a small model, a
-        fast GPU) that extra work lowers the throughput being measured (11-15 percent at
-        concurrency 32-128 on an H200). Output token counts and TPOT come from the final usage
-        either way.
+        fast GPU) that extra work lowers the throughput being measured. Output token counts and
+        TPOT come from the final usage either way.
     type: bool
     default: false
   event_loop:

@@ -181,7 +181,7 @@ def test_cli_json_on_a_failing_host_exits_1(deployed, dead_inventory):
     assert dead and dead[0]["unreachable"] is True and dead[0]["task"]
 
 
-# The tuner on the same host (issue 17): real knobs, one vs two instances, and a deliberately
+# The tuner on the same host: real knobs, one vs two instances, and a deliberately
 # wrong candidate -- an hf-overrides value that corrupts the model's RMSNorm epsilon, so it
 # serves (fast) but decodes other tokens -- which the correctness gate must disqualify.
 BROKEN = '{"rms_norm_eps": 1000.0}'

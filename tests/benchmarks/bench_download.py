@@ -7,7 +7,7 @@ pinned sha into fresh directories:
   * module: `ansible localhost -m hf_model_download` (the module as the role runs it, with the
             downloader venv's python), which adds planning (tree + sizes), a disk preflight,
             an access probe, progress sampling, verification and the manifest.
-Prints medians and two ratios (issue 5's targets):
+Prints medians and two ratios (the targets):
   * download ratio = plain time / module time (>= 0.9: the module costs at most ~10 %); given
     end to end (Ansible's own start-up included) and with Ansible's fixed start-up (median of
     `ansible localhost -m ping` with the same interpreter) taken off both sides' difference;

@@ -1,4 +1,4 @@
-"""Benchmark of the tuner (issue 17; prints ratios, not a timed test): on one CPU test host, over
+"""Benchmark of the tuner (prints ratios, not a timed test): on one CPU test host, over
 the same knob values, the tuner's search (``--strategy``: ``screen`` by default -- one knob changed
 from the default at a time, the winners' combination, then halving among the leaders --, or
 ``halving`` / ``auto``; early stop at saturation and at the first SLO break) against an

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real-GPU check (issue 10), run ON the GPU machine from the repository root.
+# The real-GPU check, run ON the GPU machine from the repository root.
 #
 #   tests/gpu/run.sh all [MACHINE_NAME]     everything below, in order
 #   tests/gpu/run.sh stage N                copy build/gpu-wheels/partN into the wheelhouse

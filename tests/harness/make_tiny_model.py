@@ -5,7 +5,8 @@ generation_config.json, model.safetensors, tokenizer.json, tokenizer_config.json
 made locally without downloading anything. Needs only numpy, safetensors and tokenizers.
 
 The weights are random (seeded, so the output is reproducible); the tokenizer is a byte-level
-BPE trained on text generated here, so any prompt tokenizes. head_dim is 32: vLLM's CPU
+BPE trained on text generated here, so any prompt tokenizes; tokenizer_config.json carries a
+plain chat template (role: content lines), so chat completions work. head_dim is 32: vLLM's CPU
 attention supports 32, 64, 80, 96, 112, 128, ... (16 passes /health, then the engine dies
 on the first request). Like `save_pretrained`, the weights file is left mode 0600: the
 deploy must make it readable to the service user.
@@ -33,6 +34,18 @@ WORDS = (
     "one two three four five six seven eight nine ten hundred thousand million "
     "is are was were be been has have had do does did can will would should may might"
 ).split()
+
+
+# A plain chat template (role: content, one message a line), so /v1/chat/completions works:
+# vLLM refuses chat requests for a tokenizer without one. Text only; the weights and the
+# vocabulary do not depend on it.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: "
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
 
 
 def build_corpus(rng: random.Random, lines: int = 4000):
@@ -146,6 +159,7 @@ def write_model(out: str, vocab_size: int = 2048, seed: int = 0, hidden: int = 1
             "unk_token": "<unk>",
             "model_max_length": max_pos,
             "clean_up_tokenization_spaces": False,
+            "chat_template": CHAT_TEMPLATE,
         }, f, indent=2)
     with open(os.path.join(out, "special_tokens_map.json"), "w") as f:
         json.dump({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, f, indent=2)

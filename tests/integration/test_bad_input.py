@@ -240,7 +240,7 @@ def test_second_demo_is_refused_while_one_runs(tmp_path):
     lock_path = tmp_path / "demo.lock"
     with open(lock_path, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        out = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "harness", "demo.py")],
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "demo", "demo.py")],
                              env=env, capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 2
     assert "another demo is already running" in out.stderr

@@ -104,6 +104,15 @@ def test_the_tarball_holds_the_collection_and_none_of_the_checkouts_state(instal
         assert must in names, must
     for name in names:
         assert not name.startswith(("collections", ".venv", ".cache", "reports", "build/")), name
+        # the playbook repository around the collection and the test harness stay out
+        assert not name.startswith(("molecule/", "inventory/", "tests/harness/", "tests/gpu/",
+                                    "tests/benchmarks/", "tests/fixtures/", "tests/unit/",
+                                    "tests/integration/", ".ci/", "vllm_deploy/", "demo/",
+                                    "tools/")), name
+    for must in ("requirements.yml", "meta/execution-environment.yml", "meta/ee-requirements.txt",
+                 "changelogs/changelog.yaml", "roles/vllm_service/README.md",
+                 "plugins/filter/systemd_quote.yml", "docs/reference/variables.md"):
+        assert must in names, must
         assert "__pycache__" not in name and not name.startswith("docs/benchmarks/2026-11-29-h200/")
     assert not os.path.islink(str(installed["path"] / "collections"))
 

@@ -224,7 +224,7 @@ def flip_byte(path, offset=None):
 
 
 def test_same_size_damage_detected_invalidates_and_is_repaired(hub, model_dir, tmp_path):
-    """Issue 21 against the real hub: a flipped byte passes the cheap check; a hash check finds
+    """Same-size damage against the real hub: a flipped byte passes the cheap check; a hash check finds
     it, a failed check marks the manifest invalid so the next default run hashes the file again
     and repairs it in the same run (that file alone fetched, byte-identical again); a small
     file is checked by its git blob sha1."""

@@ -198,6 +198,34 @@ def test_chunk_usage_gives_tokens_per_chunk(server):
     assert {r["worker"] for r in rows} == {0, 1}
 
 
+def test_chat_completion_answers_with_the_tiny_models_chat_template(server):
+    # The demo's first call from most clients: the tiny model's tokenizer_config.json carries a
+    # chat template, so vLLM renders the messages instead of refusing the request (HTTP 400).
+    body = {"model": "tiny", "max_tokens": 8, "ignore_eos": True, "temperature": 0,
+            "messages": [{"role": "system", "content": "Answer briefly."},
+                         {"role": "user", "content": "Say hello."}]}
+    req = urllib.request.Request(server["base"] + "/v1/chat/completions",
+                                 data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert r.status == 200
+        out = json.loads(r.read())
+    assert out["object"] == "chat.completion"
+    choice = out["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    assert isinstance(choice["message"]["content"], str)
+    assert choice["finish_reason"] == "length"
+    assert out["usage"]["completion_tokens"] == 8
+    # The prompt is the rendered template: both messages' text plus the role labels.
+    tok = urllib.request.Request(
+        server["base"] + "/tokenize",
+        data=json.dumps({"model": "tiny", "prompt": "Answer briefly.Say hello."}).encode(),
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(tok, timeout=60) as r:
+        bare = json.loads(r.read())["count"]
+    assert out["usage"]["prompt_tokens"] > bare
+
+
 def test_wrong_model_name_lists_served_names(server):
     log_path = str(server["tmp"] / "wrong.jsonl")
     res, _unused = run_module({"base_url": server["base"], "model": "no-such-model",

@@ -117,9 +117,8 @@ def derive(topology_class, profile, gpu_count, overrides=None):
 
 
 # --------------------------------------------------------------------------- preflight
-# Minimum Linux x86_64 driver for each CUDA toolkit release (GA of each minor), from NVIDIA's
-# CUDA Toolkit Release Notes, Table 3 "CUDA Toolkit and Corresponding Driver Versions"
-# (https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/index.html):
+# Minimum Linux x86_64 driver for each CUDA toolkit release (GA of each minor), as NVIDIA
+# publishes it with each CUDA toolkit release:
 #   13.2 GA >=595.45.04, 13.1 GA >=590.44.01, 13.0 GA >=580.65.06, 12.9 GA >=575.51.03,
 #   12.8 GA >=570.26 (12.8 Update 1 >=570.124.06), 12.6 GA >=560.28.03, 12.5 GA >=555.42.02,
 #   12.4 GA >=550.54.14, 12.3 GA >=545.23.06, 12.2 GA >=535.54.03, 12.1 GA >=530.30.02,

@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-"""The gated upgrade's decision (issue 18), pure Python: is a new vLLM pin as fast and as
+"""The gated upgrade's decision, pure Python: is a new vLLM pin as fast and as
 correct as the one serving?
 
 Nothing here measures: the role (roles/vllm_install/tasks/gate.yml) sweeps the current and the
@@ -24,7 +24,7 @@ from ansible_collections.vllm_ops.deploy.plugins.module_utils.stats import compa
 
 __metaclass__ = type
 
-# Only output tok/s decides (what the issue names); TTFT is shown but not gated.
+# Only output tok/s decides; TTFT is shown but not gated.
 GATED_METRICS = (sweep_compare.DEFAULT_METRICS[0],)
 
 

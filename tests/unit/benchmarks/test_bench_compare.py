@@ -420,7 +420,7 @@ def test_bench_vocab_forwards_the_environment():
     assert bv.forwarded([], {"GPU_CHECK_BENCH_TIMEOUT": "300"}) == ["--time-budget-s", "260"]
 
 
-# --- prompt formats, prompt tokens and the load shape (issue 22) ---------------------------
+# --- prompt formats, prompt tokens and the load shape -------------------------------------
 def test_prompt_format_reaches_our_params_and_vllm_bench_saves_detail():
     assert bc.prompt_formats("both") == ["text", "token_ids"]
     assert bc.prompt_formats("token_ids") == ["token_ids"]

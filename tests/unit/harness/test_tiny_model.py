@@ -66,3 +66,27 @@ def test_same_seed_same_weights(model_dir, tmp_path):
                     str(tmp_path), "--seed", "7"], check=True, capture_output=True)
     assert (tmp_path / "model.safetensors").read_bytes() == \
         (model_dir / "model.safetensors").read_bytes()
+
+
+def test_chat_template_renders_messages_for_chat_completions(model_dir):
+    import jinja2
+
+    tok_cfg = json.loads((model_dir / "tokenizer_config.json").read_text())
+    template = jinja2.Environment().from_string(tok_cfg["chat_template"])
+    text = template.render(
+        bos_token=tok_cfg["bos_token"], add_generation_prompt=True,
+        messages=[{"role": "system", "content": "Be brief."},
+                  {"role": "user", "content": [{"type": "text", "text": "Hello"}]}])
+    assert text == "<s>system: Be brief.\nuser: Hello\nassistant: "
+
+
+def test_same_seed_gives_the_same_checkpoint(model_dir, tmp_path):
+    # Every test serves this model: a run with the same seed writes the same bytes.
+    import hashlib
+
+    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "harness", "make_tiny_model.py"),
+                    str(tmp_path), "--seed", "7"], check=True, capture_output=True)
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        a = hashlib.sha256((model_dir / name).read_bytes()).hexdigest()
+        b = hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+        assert a == b, name

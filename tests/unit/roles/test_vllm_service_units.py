@@ -146,7 +146,7 @@ def test_unit_hardening(tmp_path, profile):
     assert int(d["LimitNOFILE"][0]) >= 65535
     gpu = load_profiles()[profile]["gpu"]["required"]
     assert ("nvidia-persistenced.service" in d["After"][0]) == gpu
-    # no hardening option that broke vLLM (vllm-project/vllm issue 12474)
+    # no hardening option that breaks vLLM (RestrictAddressFamilies, IPAddressDeny, ProtectClock)
     for bad in ("RestrictAddressFamilies", "IPAddressDeny", "ProtectClock"):
         assert bad not in d
     # secrets stay out of the unit

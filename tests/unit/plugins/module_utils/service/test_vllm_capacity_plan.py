@@ -51,7 +51,7 @@ MINIMAX_M25 = {
     "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic",
                             "weight_block_size": [128, 128]},
 }
-# ~228.7B parameters, FP8: the "≈57.5 GB of weights per GPU" at TP4.
+# ~228.7B parameters, FP8: about 57.5 GB of weights per GPU at TP4.
 MINIMAX_WEIGHTS = 230 * GB
 
 KIMI_K25 = {

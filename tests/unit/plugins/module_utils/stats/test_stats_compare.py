@@ -102,7 +102,7 @@ def _iv(value, half_pct):
 
 
 def test_a_gain_inside_the_noise_is_a_tie_and_beyond_it_a_win():
-    """Issue 17's rule: the winner must beat the runner-up by more than the measured spread."""
+    """The tuner's rule: the winner must beat the runner-up by more than the measured spread."""
     # 4 % faster, each side +-2 % (95 %): the ratio's interval is about +-2.8 %: better
     r = compare(_iv(104.0, 2.0), _iv(100.0, 2.0))
     assert r["verdict"] == "better", r["reason"]
@@ -116,7 +116,7 @@ def test_a_gain_inside_the_noise_is_a_tie_and_beyond_it_a_win():
 
 
 def test_a_gated_upgrade_is_worse_only_beyond_tolerance_and_noise():
-    """Issue 18's rule: reject when the new pin is slower by more than the tolerance, beyond
+    """The upgrade gate's rule: reject when the new pin is slower by more than the tolerance, beyond
     the noise; a slowdown inside tolerance + noise is accepted (tie)."""
     old = {"repeats": [1000.0, 1010.0, 990.0]}
     assert compare({"repeats": [940.0, 945.0, 935.0]}, old, tolerance=0.05)["verdict"] == "tie"

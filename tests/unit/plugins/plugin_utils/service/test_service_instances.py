@@ -224,7 +224,7 @@ def test_plain_args_refuse_role_flags_and_secret_values():
 
 def test_overlapping_gpu_sets_are_refused_whatever_the_profile():
     # CPU profile: vLLM does not use the GPUs, but two instances naming the same GPU would
-    # share it the day the profile changes; refused like GPU instances (issue 16).
+    # share it the day the profile changes; refused like GPU instances.
     _unused, errors = resolve_instances(
         [{"name": "a", "port": 8220, "cuda_visible_devices": "0,1"},
          {"name": "b", "port": 8221, "cuda_visible_devices": "1,2"}],
