@@ -203,8 +203,8 @@ def crash_watch(unit, max_restarts, first=None, props=unit_props, journal=None):
 
     def fail(why, elapsed):
         line = error_line(journal(unit))
-        raise EndpointError("%s %s after %.0f s%s" % (unit, why, elapsed,
-                                                     ("; journal: %s" % line) if line else ""))
+        said = ("; journal: %s" % line) if line else ""
+        raise EndpointError("%s %s after %.0f s%s" % (unit, why, elapsed, said))
 
     def check(elapsed, last_status):
         p = props(unit)

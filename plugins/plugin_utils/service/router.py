@@ -178,11 +178,11 @@ def router_plan(instances, settings):
                for i in behind]
     client_host = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
     metrics_client = "127.0.0.1" if metrics_host in ("0.0.0.0", "::", "[::]") else metrics_host
-    argv = [str(settings.get("binary")), "--host", host, "--port", str(port), "--policy", policy,
-            "--worker-urls"] + [w["url"] for w in workers] + [
-            "--prometheus-host", metrics_host, "--prometheus-port", str(metrics_port),
-            "--health-check-interval-secs", str(interval),
-            "--worker-startup-timeout-secs", str(startup)] + list(args)
+    argv = ([str(settings.get("binary")), "--host", host, "--port", str(port), "--policy", policy,
+             "--worker-urls"] + [w["url"] for w in workers]
+            + ["--prometheus-host", metrics_host, "--prometheus-port", str(metrics_port),
+               "--health-check-interval-secs", str(interval),
+               "--worker-startup-timeout-secs", str(startup)] + list(args))
     out.update(workers=workers, model=models[0], argv=argv,
                url="http://%s:%d" % (client_host, port),
                metrics_url="http://%s:%d/metrics" % (metrics_client, metrics_port))
