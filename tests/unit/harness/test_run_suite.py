@@ -188,3 +188,38 @@ def test_the_recorded_times_name_the_makefile_jobs():
     scenarios = re.search(r"^MOLECULE_SCENARIOS \?= (.*)$", makefile, re.M).group(1).split()
     expected = {"molecule-%s" % s for s in scenarios} | {"integration", "api", "checks"}
     assert expected <= set(recorded), sorted(expected - set(recorded))
+
+
+def test_jobs_kept_apart_never_run_together_and_the_next_free_job_starts():
+    from run_suite import next_job
+    pending = [("molecule-service", ["x"], False), ("integration", ["y"], False)]
+    apart = {("molecule-install", "molecule-service")}
+    # install runs: service must wait, integration takes the free slot
+    assert next_job(pending, ["molecule-install"], 2, apart) == 1
+    # the pair given the other way round counts too
+    assert next_job(pending, ["molecule-install"], 2, {("molecule-service", "molecule-install")}) == 1
+    # no free slot: nothing starts
+    assert next_job(pending, ["molecule-install", "api"], 2, apart) is None
+    # only the kept-apart job is left: it waits until install ends
+    assert next_job(pending[:1], ["molecule-install"], 2, apart) is None
+    assert next_job(pending[:1], [], 2, apart) == 0
+    # light jobs start whatever runs
+    assert next_job([("checks", ["z"], True)] + pending, ["a", "b"], 2, apart) == 0
+
+
+def test_apart_jobs_end_to_end(tmp_path):
+    import run_suite
+    import io
+    out = io.StringIO()
+    jobs = [("a", [sys.executable, "-c", "import time; time.sleep(1.5)"]),
+            ("b", [sys.executable, "-c", "pass"]),
+            ("c", [sys.executable, "-c", "pass"])]
+    rc = run_suite.run(jobs, 2, str(tmp_path), out=out, apart={("a", "b")})
+    text = out.getvalue()
+    assert rc == 0, text
+    starts = [ln.split()[2] for ln in text.splitlines() if ln.startswith("=== start")]
+    ends = [ln.split()[1].rstrip(":") for ln in text.splitlines()
+            if ln.startswith("=== ") and (" passed in " in ln)]
+    # b starts only after a has ended; c took the slot beside a
+    assert starts[:2] == ["a", "c"] and starts.index("b") > 1
+    assert ends.index("a") < ends.index("b")
