@@ -10,6 +10,8 @@ not know start first, in the order given (an unmeasured job may be the longest).
 suite prints a table of every job (seconds, result) and writes the seconds of each job that
 passed back into FILE, so the next run follows the latest measurements; a failed job keeps its
 earlier time (it may have stopped early). Without --times, jobs start in the order given.
+After the table, each failed job's failure lines (pytest's summary and assertion lines, failed
+Ansible tasks) are printed again, so the end of a CI log says what failed.
 Each job's output goes to DIR/NAME.log and is printed whole, under a header, when the job
 ends, so the CI log reads job by job however they interleaved. The jobs must not share test
 hosts or ports: every scenario and integration test has its own host prefix and ports.
@@ -25,6 +27,7 @@ use the two cores that one job leaves half idle.
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -107,6 +110,34 @@ def record_times(path, results, wall, parallel, previous=None):
     return doc
 
 
+# Lines that say what failed: pytest's short summary and error lines, Ansible's failed tasks,
+# molecule's failed actions. A job's whole output is printed when it ends, far above the end of
+# the suite; CI logs are often read from the end.
+FAILURE_LINE = re.compile(r"^(FAILED |ERROR |E   |fatal: |failed: \[|CRITICAL |.*Executed: Failed"
+                          r"|={3,} .*(failed|error).* ={3,}$|TASK \[)")
+
+
+def failure_digest(lines, limit=60):
+    """The lines of a failed job's output that name what failed, the last ``limit`` of them;
+    a TASK line is kept only when a failure follows it."""
+    kept = []
+    task = None
+    for line in lines:
+        line = line.rstrip("\n")
+        if not FAILURE_LINE.match(line):
+            continue
+        if line.startswith("TASK ["):
+            task = line
+            continue
+        if task and (line.startswith("fatal: ") or line.startswith("failed: [")):
+            kept.append(task)
+        task = None
+        kept.append(line[:400])
+    if not kept:
+        return ["(no failure line found in the job's output)"]
+    return kept[-limit:]
+
+
 def run(jobs, parallel, log_dir, out=sys.stdout, light=(), times_file=None, apart=()):
     os.makedirs(log_dir, exist_ok=True)
     times = load_times(times_file) if times_file else {}
@@ -156,6 +187,13 @@ def run(jobs, parallel, log_dir, out=sys.stdout, light=(), times_file=None, apar
         record_times(times_file, results, wall, parallel, times)
         print("=== times written to %s" % times_file, file=out)
     failed = [name for name, rc, _took in results if rc != 0]
+    for name in failed:
+        with open(os.path.join(log_dir, "%s.log" % name), errors="replace") as f:
+            digest = failure_digest(f)
+        print("=== what failed in %s (%d line(s); the whole output is above)" % (name, len(digest)),
+              file=out)
+        for line in digest:
+            out.write(line if line.endswith("\n") else line + "\n")
     if failed:
         print("failed: %s" % ", ".join(failed), file=out)
     out.flush()

@@ -223,3 +223,36 @@ def test_apart_jobs_end_to_end(tmp_path):
     # b starts only after a has ended; c took the slot beside a
     assert starts[:2] == ["a", "c"] and starts.index("b") > 1
     assert ends.index("a") < ends.index("b")
+
+
+def test_what_failed_is_repeated_after_the_table(tmp_path):
+    # a pytest-like failing job with much passing output; the digest after the table names
+    # the failed test and its assertion, and a passing job gets no digest
+    code = ("print('\\n'.join('tests/x.py::test_%d PASSED' % i for i in range(200)));"
+            "print('E   assert 0.517 >= 0.95');"
+            "print('FAILED tests/integration/test_gate.py::test_accept - assert 0.517 >= 0.95');"
+            "print('=========== 1 failed, 200 passed in 9.00s ===========');"
+            "import sys; sys.exit(1)")
+    out = io.StringIO()
+    rc = run_suite.run([job("ok", "print('fine')"), job("integration", code)], 2, str(tmp_path),
+                       out=out)
+    assert rc == 1
+    tail = out.getvalue().split("=== suite:")[1]
+    digest = tail.split("=== what failed in integration (3 line(s); the whole output is above)\n")[1]
+    assert digest.splitlines()[:3] == [
+        "E   assert 0.517 >= 0.95",
+        "FAILED tests/integration/test_gate.py::test_accept - assert 0.517 >= 0.95",
+        "=========== 1 failed, 200 passed in 9.00s ===========",
+    ]
+    assert "PASSED" not in tail and "what failed in ok" not in tail
+
+
+def test_the_digest_keeps_a_failed_ansible_task_with_its_task_line():
+    lines = ["TASK [vllm_install : fine]\n", "ok: [h1]\n",
+             "TASK [vllm_install : Gate: compare]\n",
+             "fatal: [h1]: FAILED! => {\"msg\": \"candidate slower\"}\n",
+             "TASK [later]\n", "ok: [h1]\n"]
+    assert run_suite.failure_digest(lines) == [
+        "TASK [vllm_install : Gate: compare]",
+        "fatal: [h1]: FAILED! => {\"msg\": \"candidate slower\"}"]
+    assert run_suite.failure_digest(["all fine\n"]) == ["(no failure line found in the job's output)"]
