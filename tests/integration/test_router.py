@@ -4,7 +4,10 @@ deploy playbook, then several stories on the same host:
 
 - both instances serve through the router's one port, the API key enforced and passed on;
 - kill -9 of the router: systemd brings it back and the instances are not restarted;
-- bad router settings are refused in the validation play, before any change on the host.
+- bad router settings are refused in the validation play, before any change on the host;
+- under steady load through the router, a serving flag of both instances changes, then both
+  swap to model B, then everything goes back: each change rolls one instance at a time behind
+  the router and not one request fails.
 
 vd-rt-1 (SSH 26401; vLLM 26410 and 26411; router 26420, its metrics 26421). Run it under
 the heavy lock (flock /tmp/vd-heavy.lock)."""
@@ -228,3 +231,117 @@ def test_bad_router_settings_refused_before_any_change(host, tmp_path):
     assert ssh("stat -c %Y /etc/systemd/system/vllm_router.service /etc/systemd/system/vllm-two.service") == (0, stamp)
     assert unit_show("vllm_router.service", "MainPID") == unit_before
     assert complete(ROUTER, "still serving")[0] == 200
+
+
+class Load(object):
+    """Steady load through the router: WORKERS clients, each sending its next completion
+    PAUSE seconds after the last one ended (the instance left serving is busy, not saturated:
+    on 2 cores a saturated one starves the instance that restarts beside it). Every request's
+    start, end and outcome is kept; a refused or reset connection counts as a failed request."""
+    WORKERS = 2
+    PAUSE = 0.25
+
+    def __init__(self, port):
+        import threading
+        self.port, self.stop, self.records = port, threading.Event(), []
+        self.threads = [threading.Thread(target=self.worker, args=(i,), daemon=True)
+                        for i in range(self.WORKERS)]
+
+    def worker(self, i):
+        n = 0
+        while not self.stop.is_set():
+            t0 = time.time()
+            try:
+                status, body = complete(self.port, "worker %d request %d %s" % (i, n, "x " * 8))
+                ok = status == 200 and json.loads(body)["usage"]["completion_tokens"] == 4
+                why = "" if ok else "HTTP %s %s" % (status, body[:200])
+            except Exception as e:  # noqa: BLE001 - every failure is counted, none is raised
+                ok, why = False, repr(e)
+            self.records.append((t0, time.time(), ok, why))
+            n += 1
+            self.stop.wait(self.PAUSE)
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(180)
+
+    def window(self, start, end):
+        """(completions per second, median seconds per completion) of the requests that
+        ended in [start, end)."""
+        done = sorted(r[1] - r[0] for r in self.records if start <= r[1] < end and r[2])
+        return len(done) / max(end - start, 1e-9), (done[len(done) // 2] if done else None)
+
+
+def greedy(prompt="The rolling change keeps"):
+    status, body = http("POST", "http://127.0.0.1:%d/v1/completions" % ROUTER,
+                        {"model": "tiny-llama", "prompt": prompt, "max_tokens": 12,
+                         "temperature": 0, "ignore_eos": True})
+    assert status == 200, body
+    return json.loads(body)["choices"][0]["text"]
+
+
+def rolled_change(host, tmp_path, name, extra):
+    """Run the playbook with ``extra`` under steady load through the router; return the load,
+    the output, and the seconds of the change."""
+    units = ("vllm-one.service", "vllm-two.service")
+    before = dict((u, unit_show(u, "MainPID")["MainPID"]) for u in units)
+    router_before = unit_show("vllm_router.service", "MainPID")["MainPID"]
+    path = tmp_path / ("%s.yml" % name)
+    path.write_text(yaml.safe_dump(dict(extra, vllm_benchmark_enabled=False)))
+    with Load(ROUTER) as load:
+        time.sleep(15)
+        t_change = time.time()
+        rc, out = playbook(host["inventory"], "-e", "@" + str(path))
+        t_done = time.time()
+        time.sleep(5)
+    assert rc == 0, out[-6000:]
+    failed = [r for r in load.records if not r[2]]
+    drains = [line.strip().strip('"') for line in out.splitlines() if "drained after" in line]
+    base_rate, base_lat = load.window(t_change - 15, t_change)
+    buckets = [load.window(t, t + 15) for t in range(int(t_change), int(t_done) - 14, 15)]
+    print("%s: %d requests ok, %d failed; the change took %.0f s" % (
+        name, len(load.records) - len(failed), len(failed), t_done - t_change))
+    print("%s: before: %.2f completions/s, median %.2f s; during the change per 15 s: %s" % (
+        name, base_rate, base_lat or -1,
+        ", ".join("%.2f/s %.2fs" % (r, lat or -1) for r, lat in buckets)))
+    if buckets and base_rate:
+        print("%s: lowest 15 s rate / before = %.2f" % (name, min(r for r, _l in buckets) / base_rate))
+    print("%s: drains: %s" % (name, drains))
+    assert failed == [], failed[:5]
+    assert "rolling through the router, one instance at a time: one, two" in out, out[-4000:]
+    assert len(drains) == 2, drains
+    assert any("instance one: drained" in d for d in drains), drains
+    assert any("instance two: drained" in d for d in drains), drains
+    after = dict((u, unit_show(u, "MainPID")["MainPID"]) for u in units)
+    assert all(after[u] != before[u] for u in units), (before, after)  # both restarted
+    assert unit_show("vllm_router.service", "MainPID")["MainPID"] == router_before
+    status, body = http("GET", "http://127.0.0.1:%d/list_workers" % ROUTER, key=None)
+    assert sorted(json.loads(body)["urls"]) == ["http://127.0.0.1:%d" % ONE,
+                                                "http://127.0.0.1:%d" % TWO]
+    return after
+
+
+def test_changes_roll_through_the_router_under_load_with_no_failed_request(host, tmp_path):
+    """A serving flag of both instances, then a swap of both to model B, then back to the
+    first inventory: each runs under steady load through the router and rolls one instance
+    at a time; no request fails and the router never restarts."""
+    text_a = greedy()
+    after = rolled_change(host, tmp_path, "flag", {"vllm_service_args": ["--max-logprobs", "21"]})
+    for unit in ("vllm-one.service", "vllm-two.service"):
+        rc, argv = ssh("tr '\\0' ' ' < /proc/%s/cmdline" % after[unit])
+        assert rc == 0 and "--max-logprobs 21" in argv, argv
+    # model B under the same served name: the clients' requests keep their model name
+    rolled_change(host, tmp_path, "swap-b", {
+        "model_weights_name": "tiny-b",
+        "model_weights_local_dir": os.path.join(ROOT, ".cache", "tiny-model-b"),
+        "vllm_service_previous_models": "keep"})
+    text_b = greedy()
+    assert text_b != text_a, "model B answered like model A: %r" % text_b
+    rolled_change(host, tmp_path, "back", {})
+    assert greedy() == text_a
