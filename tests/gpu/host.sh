@@ -25,6 +25,9 @@
 #                                       the upgrade gate as a user runs it (see step_gate)
 #   tests/gpu/host.sh sleep             vLLM's sleep mode measured as the gate would use it
 #   tests/gpu/host.sh sleep-bare        the same on a machine with the wheelhouse staged only
+#   tests/gpu/host.sh stacks            where a start of the deployed unit spends its silent time:
+#                                       every vLLM process's Python stacks, twice, after CUDA graph
+#                                       capture and before the first /health 200 (into $OUT)
 #   tests/gpu/host.sh kill9             kill -9 the unit's main PID: restart, readiness, no orphan
 #                                       on the GPU (nvidia-smi), no leaked GPU memory
 #   tests/gpu/host.sh collect           logs, journal, write-back, unit files into $OUT
@@ -400,6 +403,42 @@ step_sleep_bare() {
   return 0
 }
 
+# Every start on the H200 logs nothing for about 80 s between "Graph capturing finished" and
+# the first /health 200. A .pth in the serving venv registers faulthandler on SIGUSR2 (stacks of
+# every thread to stderr, so into the journal); the unit restarts, and 15 s and 45 s after the
+# capture every Python process of its cgroup gets SIGUSR2. The .pth is removed afterwards.
+step_stacks() {
+  local cur sp t0 n pids
+  cur=$(ssh_host readlink -f /opt/vllm-deploy/current)
+  sp=$cur/lib/python3.12/site-packages
+  echo 'import faulthandler, signal; faulthandler.register(signal.SIGUSR2, all_threads=True)' |
+    ssh_host "cat >$sp/vd_stacks.pth"
+  t0=$(ssh_host date +%s)
+  ssh_host "systemctl restart vllm-main.service"
+  for n in $(seq 1 300); do
+    ssh_host "journalctl -u vllm-main.service --since @$t0 --no-pager -o cat | grep -q 'Graph capturing finished'" && break
+    sleep 1
+  done
+  log "graph capture seen after $(( $(ssh_host date +%s) - t0 )) s"
+  for n in 15 30; do
+    sleep "$n"
+    pids=$(ssh_host "for p in \$(cat /sys/fs/cgroup/system.slice/vllm-main.service/cgroup.procs); do
+      readlink /proc/\$p/exe | grep -q python && echo \$p; done" | tr '\n' ' ')
+    log "SIGUSR2 to $pids ($(( $(ssh_host date +%s) - t0 )) s after the restart)"
+    ssh_host "kill -USR2 $pids"
+  done
+  for n in $(seq 1 300); do
+    ssh_host "curl -sf -o /dev/null http://127.0.0.1:$VLLM_PORT/health" && break
+    sleep 1
+  done
+  log "healthy $(( $(ssh_host date +%s) - t0 )) s after the restart"
+  ssh_host "rm -f $sp/vd_stacks.pth"
+  ssh_host "journalctl -u vllm-main.service --since @$t0 --no-pager -o short-iso" >"$OUTD/stacks.txt"
+  grep -E 'File "|Thread 0x|Current thread|Graph capturing|init engine|Starting vLLM|startup complete' "$OUTD/stacks.txt" |
+    grep -vE 'threading.py|concurrent/futures' | cut -c1-220 | head -120
+  return 0
+}
+
 step_collect() {
   # vLLM's own account of each start: weights, KV cache, graphs, compile, limits, warnings
   ssh_host "journalctl -u vllm-main.service --no-pager -o short-iso | grep -E 'Model loading took|Available KV cache|GPU KV cache size|Maximum concurrency|Graph capturing|torch.compile took|ulimit|Using .*backend|JIT|WARNING|ERROR|Started|Stopped|Main process exited'" \
@@ -428,10 +467,11 @@ case ${1:-} in
   bench) step_bench "$2" "$3" ;;
   tune) shift; step_tune "$@" ;;
   kill9) step_kill9 ;;
+  stacks) step_stacks ;;
   gate) step_gate "$2" ;;
   sleep) step_sleep ;;
   sleep-bare) step_sleep_bare ;;
   collect) step_collect ;;
   stop) step_stop ;;
-  *) sed -n '2,28p' "$0"; exit 2 ;;
+  *) sed -n '2,31p' "$0"; exit 2 ;;
 esac
