@@ -38,7 +38,10 @@ def main(argv=None):
     with open(args.dashboard) as f:
         queries = vm.dashboard_queries(json.load(f))
 
-    problems, with_data, gpu_empty = [], 0, []
+    problems, with_data, gpu_empty, router_empty = [], 0, [], []
+    # router panels must have data where a router is scraped, none where none is
+    routers = [t for t in api(args.prometheus, "/api/v1/targets?state=active")["data"]["activeTargets"]
+               if t["labels"].get("job") == vm.ROUTER_JOB]
     for q in queries:
         expr = vm.substitute(q["expr"], args.rate)
         doc = api(args.prometheus, "/api/v1/query", expr)
@@ -52,6 +55,11 @@ def main(argv=None):
                 problems.append("%s returned data without a GPU: %s" % (where, values))
             else:
                 gpu_empty.append(q["panel"])
+        elif q.get("requires") == "router" and not routers:
+            if values:
+                problems.append("%s returned data without a router: %s" % (where, values))
+            else:
+                router_empty.append(q["panel"])
         elif not [v for v in values if v not in FINITE_EXCLUDED]:
             problems.append("%s returned no finite value: %s" % (where, doc["data"]["result"]))
         else:
@@ -84,7 +92,8 @@ def main(argv=None):
         for r in api(args.prometheus, "/api/v1/query", expr)["data"]["result"]:
             history.setdefault(r["metric"].get("job", "?"), {})[name] = r["value"][1]
     summary = {"targets": targets, "history": history, "dashboard_queries": len(queries), "with_data": with_data,
-               "gpu_panels_empty": sorted(set(gpu_empty)), "rules": len(rules),
+               "gpu_panels_empty": sorted(set(gpu_empty)),
+               "router_panels_empty": sorted(set(router_empty)), "rules": len(rules),
                "alert_expressions": len(alerts), "alert_conditions_true": true_now,
                "problems": problems}
     print(json.dumps(summary, indent=1))

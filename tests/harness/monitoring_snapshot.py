@@ -31,10 +31,12 @@ def legend(fmt, labels):
 
 
 def panels(dashboard):
-    """The panels to draw: [(title, unit, [(expr, legendFormat)])], GPU panels left out."""
+    """The panels to draw: [(title, unit, [(expr, legendFormat)])], GPU and router panels
+    left out."""
     out = []
     for p in dashboard.get("panels") or []:
-        if p.get("type") == "row" or (p.get("vllm_deploy") or {}).get("requires_gpu"):
+        meta = p.get("vllm_deploy") or {}
+        if p.get("type") == "row" or meta.get("requires_gpu") or meta.get("requires") == "router":
             continue
         unit = ((p.get("fieldConfig") or {}).get("defaults") or {}).get("unit", "short")
         out.append((p["title"], unit, [(t["expr"], t.get("legendFormat", ""))

@@ -149,6 +149,9 @@ def test_two_instances_serve_through_one_port(host):
     print("router metrics before:", [l for l in before.splitlines() if "processed_requests" in l])
     print("processed per instance:", served)
     assert set(served) == {"http://127.0.0.1:%d" % ONE, "http://127.0.0.1:%d" % TWO}
+    # the names the dashboard's router row reads are those this router exports
+    from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.monitoring import plan as vm
+    assert vm.missing_metrics(text, vm.router_metric_names()) == []
     assert all(v >= 1 for v in served.values()) and sum(served.values()) >= 12
     # the key: enforced through the router (the instances check the header it passes on)
     assert complete(ROUTER, "no key", key=None)[0] == 401

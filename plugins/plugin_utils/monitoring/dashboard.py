@@ -9,7 +9,8 @@ import re
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.monitoring.settings import (
     BENCH_PEAK, BENCH_PEAK_CONCURRENCY, BENCH_SLO_CONCURRENCY, M_E2E, M_GEN_TOKENS, M_ITL,
     M_KV_USAGE, M_PREEMPTIONS, M_PREFIX_HITS, M_PREFIX_QUERIES, M_PROMPT_TOKENS, M_QUEUE,
-    M_RUNNING, M_SUCCESS, M_TPOT, M_TTFT, M_WAITING, SLO_TPOT, SLO_TTFT, VLLM_JOB)
+    M_RUNNING, M_SUCCESS, M_TPOT, M_TTFT, M_WAITING, R_ACTIVE, R_DURATION, R_PROCESSED, R_REQUESTS,
+    R_RETRIES, R_RETRIES_EXHAUSTED, R_WORKER_HEALTH, SLO_TPOT, SLO_TTFT, VLLM_JOB)
 
 
 # --- the Grafana dashboard --------------------------------------------------------------------
@@ -30,7 +31,14 @@ def _rate(metric, by="host, instance"):
     return "sum by (%s) (rate(%s%s[%s]))" % (by, metric, _F, RI)
 
 
-# (title, unit, description, [(expr, legend)], gpu?) -- grouped in rows.
+def _zero_when_absent(expr):
+    """A per-host counter rate that reads 0 while the counter does not exist yet (the router
+    creates its retry counters at the first retry): 0 for each host whose router is scraped."""
+    return "%s or sum by (host) (0 * %s%s)" % (expr, R_ACTIVE, _H)
+
+
+# (title, unit, description, [(expr, legend)], needs) -- grouped in rows. needs: False (every
+# host), True (a GPU: the DCGM exporter), "router" (vLLM's router on the host).
 PANELS = [
     ("Traffic and measured capacity", [
         ("Output tokens/s: live and measured peak", "short",
@@ -115,6 +123,36 @@ PANELS = [
          "its threshold.",
          [("DCGM_FI_DEV_GPU_TEMP" + _H, "{{host}} GPU {{gpu}}")], True),
     ]),
+    ("Router (vLLM's router, the host's front door)", [
+        ("Router requests/s, retries and failures", "reqps",
+         "Requests the router answered per second by route (vllm_router_requests_total), the "
+         "retries it made on another attempt (vllm_router_retries_total) and the requests "
+         "that failed after every retry (vllm_router_retries_exhausted_total).",
+         [("sum by (host, route) (rate(%s%s[%s]))" % (R_REQUESTS, _H, RI), "{{host}} {{route}}"),
+          (_zero_when_absent("sum by (host) (rate(%s%s[%s]))" % (R_RETRIES, _H, RI)),
+           "{{host}} retries"),
+          (_zero_when_absent("sum by (host) (rate(%s%s[%s]))" % (R_RETRIES_EXHAUSTED, _H, RI)),
+           "{{host}} failed after retries")], "router"),
+        ("Requests/s routed to each instance", "reqps",
+         "Requests the router sent to each instance (vllm_router_processed_requests_total): "
+         "how its policy spreads the load.",
+         [("sum by (host, worker) (rate(%s%s[%s]))" % (R_PROCESSED, _H, RI),
+           "{{host}} {{worker}}")], "router"),
+        ("Instances in the router and their health", "short",
+         "Instances the router lists (vllm_router_active_workers) and each one's health as its "
+         "checks see it (vllm_router_worker_health, 1 = healthy); a rolling change takes one "
+         "out and puts it back.",
+         [("max by (host) (%s%s)" % (R_ACTIVE, _H), "{{host}} instances listed"),
+          ("max by (host, worker) (%s%s)" % (R_WORKER_HEALTH, _H), "{{host}} {{worker}} healthy")],
+         "router"),
+        ("Router request duration p50 / p99", "s",
+         "Time from the router receiving a request to its answer "
+         "(vllm_router_generate_duration_seconds): the instance's latency plus the router's.",
+         [("histogram_quantile(0.5, sum by (host, le) (rate(%s_bucket%s[%s])))" % (R_DURATION, _H, RI),
+           "{{host}} p50"),
+          ("histogram_quantile(0.99, sum by (host, le) (rate(%s_bucket%s[%s])))" % (R_DURATION, _H, RI),
+           "{{host}} p99")], "router"),
+    ]),
     ("Hosts and scraping", [
         ("Host CPU busy", "percentunit",
          "Share of CPU time not idle per host (node exporter).",
@@ -142,7 +180,7 @@ def dashboard(title="vLLM (vllm-deploy)"):
                        "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": []})
         pid += 1
         y += 1
-        for n, (ptitle, unit, desc, targets, gpu) in enumerate(row):
+        for n, (ptitle, unit, desc, targets, needs) in enumerate(row):
             x = 0 if n % 2 == 0 else 12
             panels.append({
                 "id": pid, "type": "timeseries", "title": ptitle, "description": desc,
@@ -155,8 +193,10 @@ def dashboard(title="vLLM (vllm-deploy)"):
                 "targets": [{"refId": chr(ord("A") + i), "datasource": DS, "expr": expr,
                              "legendFormat": legend, "range": True}
                             for i, (expr, legend) in enumerate(targets)],
-                # vllm-deploy's tests read this: DCGM panels need a GPU host to return data.
-                "vllm_deploy": {"requires_gpu": gpu},
+                # vllm-deploy's tests read this: DCGM panels need a GPU host to return data,
+                # router panels a host with vLLM's router.
+                "vllm_deploy": {"requires_gpu": needs is True,
+                                "requires": "gpu" if needs is True else (needs or "")},
             })
             pid += 1
             if x == 12:
@@ -191,18 +231,22 @@ def dashboard(title="vLLM (vllm-deploy)"):
 
 
 def dashboard_queries(dash):
-    """Every query of a dashboard: [{panel, ref, expr, requires_gpu}], template variables'
-    label_values() selectors included (as panel 'variable <name>')."""
+    """Every query of a dashboard: [{panel, ref, expr, requires_gpu, requires}] (requires: "",
+    "gpu" or "router"), template variables' label_values() selectors included (as panel
+    'variable <name>')."""
     out = []
     for p in (dash or {}).get("panels") or []:
         for t in p.get("targets") or []:
+            meta = p.get("vllm_deploy") or {}
             out.append({"panel": p.get("title"), "ref": t.get("refId"), "expr": t.get("expr"),
-                        "requires_gpu": bool((p.get("vllm_deploy") or {}).get("requires_gpu"))})
+                        "requires_gpu": bool(meta.get("requires_gpu")),
+                        "requires": meta.get("requires")
+                        or ("gpu" if meta.get("requires_gpu") else "")})
     for v in ((dash or {}).get("templating") or {}).get("list") or []:
         m = re.match(r"^label_values\((.*),\s*(\w+)\)$", str(v.get("definition") or ""))
         if m:
             out.append({"panel": "variable %s" % v["name"], "ref": m.group(2),
-                        "expr": m.group(1), "requires_gpu": False})
+                        "expr": m.group(1), "requires_gpu": False, "requires": ""})
     return out
 
 

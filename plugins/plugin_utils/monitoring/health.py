@@ -8,7 +8,8 @@ import re
 
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.monitoring.settings import (
     DCGM_FIELDS, M_E2E, M_GEN_TOKENS, M_ITL, M_KV_USAGE, M_PREEMPTIONS, M_PREFIX_HITS,
-    M_PREFIX_QUERIES, M_PROMPT_TOKENS, M_QUEUE, M_RUNNING, M_SUCCESS, M_TPOT, M_TTFT, M_WAITING)
+    M_PREFIX_QUERIES, M_PROMPT_TOKENS, M_QUEUE, M_RUNNING, M_SUCCESS, M_TPOT, M_TTFT, M_WAITING,
+    R_ACTIVE, R_DURATION, R_PROCESSED, R_REQUESTS, R_WORKER_HEALTH)
 
 
 def dcgm_counters_csv():
@@ -23,6 +24,12 @@ def metric_names():
     return [M_RUNNING, M_WAITING, M_KV_USAGE, M_GEN_TOKENS, M_PROMPT_TOKENS, M_SUCCESS,
             M_PREEMPTIONS, M_PREFIX_HITS, M_PREFIX_QUERIES, M_TTFT, M_TPOT, M_ITL, M_E2E,
             M_QUEUE]
+
+
+def router_metric_names():
+    """The router metrics the dashboard uses that exist once the router routed a request
+    (the retry counters appear only with a retry; the dashboard reads them as 0 until then)."""
+    return [R_REQUESTS, R_PROCESSED, R_WORKER_HEALTH, R_ACTIVE, R_DURATION]
 
 
 def missing_metrics(metrics_text, names=None):

@@ -30,7 +30,8 @@ import copy
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.monitoring.dashboard import (
     dashboard, dashboard_queries, grafana_dashboards_provider, grafana_datasource, substitute)
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.monitoring.health import (
-    dcgm_counters_csv, metric_names, missing_metrics, rule_health, target_health, target_key)
+    dcgm_counters_csv, metric_names, missing_metrics, router_metric_names, rule_health,
+    target_health, target_key)
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.monitoring.prometheus import (
     host_input, prometheus_config, scrape_configs)
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.monitoring.rules import (
@@ -45,6 +46,7 @@ __all__ = (
     "BENCH_SLO_CONCURRENCY", "BENCH_SLO_TOK_S", "check_settings", "dashboard",
     "dashboard_queries", "dcgm_counters_csv", "grafana_dashboards_provider",
     "grafana_datasource", "host_input", "metric_names", "missing_metrics", "MonitoringError",
+    "router_metric_names",
     "plan", "rule_health", "SETTING_NAMES", "SLO_TPOT", "SLO_TTFT", "substitute",
     "target_health")
 

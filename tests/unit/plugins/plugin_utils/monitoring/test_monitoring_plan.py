@@ -582,6 +582,10 @@ def test_dashboard_structure():
         assert len(refs) == len(set(refs))
     gpu = sorted(set(q["panel"] for q in vm.dashboard_queries(d) if q["requires_gpu"]))
     assert gpu == ["GPU memory used", "GPU temperature", "GPU utilisation"]
+    router = sorted(set(q["panel"] for q in vm.dashboard_queries(d) if q["requires"] == "router"))
+    assert router == ["Instances in the router and their health", "Requests/s routed to each instance",
+                      "Router request duration p50 / p99", "Router requests/s, retries and failures"]
+    assert all(q["requires"] == "gpu" for q in vm.dashboard_queries(d) if q["requires_gpu"])
     names = [v["name"] for v in d["templating"]["list"]]
     assert names == ["datasource", "host", "instance"]
     json.dumps(d)
@@ -753,13 +757,30 @@ def _snapshot():
     return mod
 
 
+def test_router_metric_names_are_those_of_the_real_router():
+    """The router panels use the names vllm-router 0.1.17 exports (its /metrics after routed
+    requests and failed retries, tests/fixtures/vllm-metrics/vllm-router-0.1.17.txt); the retry counters read
+    0 for a scraped router that never retried."""
+    with open(os.path.join(os.path.dirname(FIXTURE_METRICS), "vllm-router-0.1.17.txt")) as f:
+        text = f.read()
+    assert vm.missing_metrics(text, vm.router_metric_names()) == []
+    router = [q["expr"] for q in vm.dashboard_queries(vm.dashboard()) if q["requires"] == "router"]
+    used = " ".join(router)
+    for name in vm.router_metric_names() + ["vllm_router_retries_total",
+                                            "vllm_router_retries_exhausted_total"]:
+        assert name in used and name in text, name
+    exhausted = [e for e in router if "retries_exhausted" in e][0]
+    assert exhausted.endswith('or sum by (host) (0 * vllm_router_active_workers{host=~"$host"})')
+
+
 def test_snapshot_draws_every_panel_but_the_gpu_ones():
     snap = _snapshot()
     drawn = snap.panels(vm.dashboard())
     titles = [t for t, _u, _q in drawn]
     assert "GPU utilisation" not in titles and "TTFT p50 / p90 / p99" in titles
+    assert "Requests/s routed to each instance" not in titles
     assert len(drawn) == len([p for p in vm.dashboard()["panels"]
-                              if p["type"] != "row" and not p["vllm_deploy"]["requires_gpu"]])
+                              if p["type"] != "row" and not p["vllm_deploy"]["requires"]])
     assert snap.legend("{{host}}/{{ instance }} p99", {"host": "h1", "instance": "main"}) == "h1/main p99"
     assert snap.scale("s") == (1000.0, "ms") and snap.scale("percentunit") == (100.0, "%")
 
