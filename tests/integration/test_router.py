@@ -38,11 +38,12 @@ GROUP_VARS = {
     "model_weights_name": "tiny-llama",
     "vllm_service_profile": "cpu-tiny",
     "vllm_service_host": "127.0.0.1",
-    # one core each for the instances' engine workers: vLLM CPU's automatic binding pins both
-    # workers to core 0, and there an instance restarting beside one under load got no CPU time
-    # in minutes (its worker runnable, 37 ms run in 3 minutes)
-    "vllm_service_instances": [{"name": "one", "port": ONE, "env": {"VLLM_CPU_OMP_THREADS_BIND": "0"}},
-                               {"name": "two", "port": TWO, "env": {"VLLM_CPU_OMP_THREADS_BIND": "1"}}],
+    # no CPU binding: vLLM CPU pins each instance's engine worker to a core (both to core 0 by
+    # default, or the engine core of one instance beside the other's worker), and an idle worker
+    # still polls for work at 75 % of its core; a process of a restarting instance pinned to
+    # that core got 37-350 ms of CPU in 2.5 minutes, so it never became ready
+    "vllm_service_instances": [{"name": "one", "port": ONE, "env": {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}},
+                               {"name": "two", "port": TWO, "env": {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}}],
     "vllm_service_ready_timeout_s": 600,
     "vllm_service_restart_sec": 2,
     "vllm_service_api_key": KEY,
