@@ -418,6 +418,32 @@ def _stop(pids, timeout):
             time.sleep(1)
 
 
+def _kill_rooted(root):
+    """SIGKILL every process whose root directory is ``root`` (the same inode; inside the
+    host's mount namespace its root reads as "/"): a host's systemd and services outlive an
+    nspawn that was killed (their PID namespace keeps its init), and its sshd would keep the
+    host's SSH port, answering for a deleted root filesystem."""
+    try:
+        want = os.stat(root)
+    except OSError:
+        return []
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            st = os.stat("/proc/%s/root" % entry)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+                killed.append(int(entry))
+            except ProcessLookupError:
+                pass
+    return killed
+
+
 def renet(name, netns_address, bridge=DEFAULT_BRIDGE, bridge_address=None, timeout=120):
     """Stop a running host and boot it again from the same disk in its own namespace."""
     st = _state(name)
@@ -452,6 +478,9 @@ def destroy(prefix, timeout=30):
     if os.path.isdir(MACHINES):
         for name in sorted(os.listdir(MACHINES)):
             if name.startswith(prefix):
+                left = _kill_rooted(os.path.join(machine_dir(name), "root"))
+                if left:
+                    log("%s: killed %d process(es) its stopped nspawn left running" % (name, len(left)))
                 shutil.rmtree(machine_dir(name), ignore_errors=True)
                 removed.append(name)
     for name in removed:

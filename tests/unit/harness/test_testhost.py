@@ -2,7 +2,9 @@
 import json
 import os
 import socket
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -71,3 +73,32 @@ def test_destroy_needs_a_prefix():
 
 def test_no_host_processes_match_an_unused_prefix():
     assert testhost._nspawn_pids("vd-unit-no-such-prefix-") == {}
+
+
+def test_destroy_kills_what_a_killed_nspawn_left_in_the_host_root(tmp_path):
+    """A process whose root directory is a host's root (found by inode, as a container's
+    processes read their root as "/") is killed; the others live on."""
+    import signal as _signal
+    root = tmp_path / "root"
+    root.mkdir()
+    pid = os.fork()
+    if pid == 0:  # the child: root moved into the host's directory, then it waits
+        try:
+            os.chroot(str(root))
+            os.chdir("/")
+            time.sleep(120)
+        finally:
+            os._exit(0)
+    other = subprocess.Popen(["sleep", "120"])
+    try:
+        deadline = time.time() + 10
+        while os.stat("/proc/%d/root" % pid).st_ino != os.stat(str(root)).st_ino:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        assert testhost._kill_rooted(str(root)) == [pid]
+        _wpid, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == _signal.SIGKILL
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
