@@ -90,6 +90,7 @@ def test_destroy_kills_what_a_killed_nspawn_left_in_the_host_root(tmp_path):
         finally:
             os._exit(0)
     other = subprocess.Popen(["sleep", "120"])
+    reaped = False
     try:
         deadline = time.time() + 10
         while os.stat("/proc/%d/root" % pid).st_ino != os.stat(str(root)).st_ino:
@@ -97,8 +98,12 @@ def test_destroy_kills_what_a_killed_nspawn_left_in_the_host_root(tmp_path):
             time.sleep(0.05)
         assert testhost._kill_rooted(str(root)) == [pid]
         _wpid, status = os.waitpid(pid, 0)
+        reaped = True
         assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == _signal.SIGKILL
         assert other.poll() is None
     finally:
+        if not reaped:  # a failed assertion above: the chrooted child must not outlive the test
+            os.kill(pid, _signal.SIGKILL)
+            os.waitpid(pid, 0)
         other.kill()
         other.wait()
