@@ -353,3 +353,22 @@ def test_changes_roll_through_the_router_under_load_with_no_failed_request(host,
     assert text_b != text_a, "model B answered like model A: %r" % text_b
     rolled_change(host, tmp_path, "back", {}, "model_weights,vllm_service")
     assert greedy() == text_a
+
+
+def test_new_vllm_pin_rolls_through_the_router_under_load(host, tmp_path):
+    """A new vLLM pin (its own venv: one more requirement, one vLLM already meets) switches
+    blue/green and restarts the instances one at a time through the router, under steady
+    load; no request fails. The upgrade gate is off here: it measures candidates on ports of
+    their own, outside the router, and would double the job's time."""
+    rc, old_venv = ssh("readlink /opt/vllm-deploy/current")
+    assert rc == 0 and old_venv.strip(), old_venv
+    after = rolled_change(host, tmp_path, "pin", {"vllm_install_extra_requirements": ["packaging"],
+                                                  "vllm_install_gate_enabled": False}, "vllm_install")
+    rc, new_venv = ssh("readlink /opt/vllm-deploy/current")
+    assert rc == 0 and new_venv.strip() not in ("", old_venv.strip()), (old_venv, new_venv)
+    for unit in ("vllm-one.service", "vllm-two.service"):
+        # the restarted processes have the new venv's libraries mapped (the kernel shows
+        # the path the current link resolved to)
+        rc, maps = ssh("grep -c '%s/' /proc/%s/maps || true" % (new_venv.strip(), after[unit]))
+        assert rc == 0 and int(maps.strip() or 0) > 0, (unit, maps)
+    assert greedy()

@@ -153,6 +153,20 @@ def test_when_a_change_does_not_roll():
     assert "two not behind" in router.rolling(_tx(), TWO, one, LIVE)["reason"]
 
 
+def test_a_pin_switch_rolls_by_the_same_rule():
+    """vllm_install's switch passes only the units that restart, all of them serving, and no
+    ports (the link moves, the units stay): it rolls exactly when a service change would."""
+    from ansible_collections.vllm_ops.deploy.plugins.filter.vllm_router import vllm_router_rolling
+    plan = router.router_plan(TWO, settings())
+    switch = {"stop": ["one", "two"], "restore_start": ["one", "two"]}
+    assert vllm_router_rolling(switch, [], plan, LIVE)["roll"] == ["one", "two"]
+    assert vllm_router_rolling(switch, [], plan, None)["roll"] == []  # no router answers
+    assert vllm_router_rolling(switch, [], {}, LIVE)["roll"] == []  # the play planned none
+    one = router.router_plan(TWO, settings(instances=["one"]))
+    assert vllm_router_rolling({"stop": ["one"], "restore_start": ["one"]}, [], one,
+                               LIVE[:1])["roll"] == []
+
+
 def test_requests_in_flight_from_the_real_metrics_text():
     import os
     path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "fixtures", "vllm-metrics",
