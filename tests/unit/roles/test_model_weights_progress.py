@@ -39,3 +39,28 @@ def test_job_file_without_newline_and_progress_give_a_line_each(tmp_path):
 def test_no_progress_file_gives_the_job_line_only(tmp_path):
     _task, lines = poll(tmp_path, json.dumps({"finished": True}))
     assert lines == ['job {"finished": true}']
+
+
+def evaluate(task, lines):
+    """The task's vars, as Ansible templates them, for this poll output."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+    variables = dict(((k, trust_as_template(v)) for k, v in task["vars"].items()),
+                     _model_weights_poll={"stdout_lines": lines},
+                     model_weights_progress_steps=4, _step=4)
+    templar = Templar(loader=DataLoader(), variables=variables)
+    return dict((k, templar.template(trust_as_template("{{ %s }}" % k))) for k in ("_job", "_progress", "_finished"))
+
+
+def test_a_job_is_finished_when_its_file_holds_the_module_result(tmp_path):
+    """The async wrapper's own record has 'started'; the result it writes when the module
+    returns has not (async_status reads it so). The result is written after the downloader's
+    last progress line, so that line is not shown then: the poll must end on the job line."""
+    running = {"started": True, "finished": False, "ansible_job_id": "j1.2"}
+    task, lines = poll(tmp_path, json.dumps(running), json.dumps({"bytes_done": 1}) + "\n")
+    out = evaluate(task, lines)
+    assert out["_finished"] in (False, "False") and out["_progress"]["bytes_done"] == 1
+    result = {"changed": True, "downloaded": True, "revision": "abc"}
+    task, lines = poll(tmp_path, json.dumps(result))
+    out = evaluate(task, lines)
+    assert out["_finished"] in (True, "True") and out["_progress"] == {}, out
