@@ -153,13 +153,20 @@ _ERROR_MARKERS = ("Error", "Exception", "error:", "Traceback", "FAILED", "Failed
                   "Killed", "killed", "status=")
 
 
+# Lines that only point at another: a traceback's header, and the line vLLM's API server ends
+# its traceback with after the engine process's own (``RuntimeError: Engine core
+# initialization failed. See root cause above``).
+_POINTERS = ("See root cause above", "Traceback (most recent call last)")
+
+
 def error_line(lines):
     """The journal line that says best why a unit ended: the last one naming an error
-    (``ValueError: ...``), else the last line."""
+    (``ValueError: ...``) that is not a pointer to an earlier one, else the last line."""
     lines = [ln for ln in (lines or []) if ln.strip()]
-    for ln in reversed(lines):
-        if any(m in ln for m in _ERROR_MARKERS[:4]):
-            return ln.strip()
+    for skip in (_POINTERS, ()):
+        for ln in reversed(lines):
+            if any(m in ln for m in _ERROR_MARKERS[:4]) and not any(p in ln for p in skip):
+                return ln.strip()
     for ln in reversed(lines):
         if any(m in ln for m in _ERROR_MARKERS[4:]):
             return ln.strip()

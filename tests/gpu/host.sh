@@ -337,7 +337,7 @@ EOF
 # `gate slow`: molecule/install's injected regression (every engine step 50 ms slower) in the
 # previous venv, and the pin switched back to it: the gate must reject, print the table, and
 # the accepted version serve again.
-# `gate dead` (after accept): the same pin change back, vllm_install_gate_mode forced to beside:
+# `gate dead`: a pin change of its own (another empty site directory), vllm_install_gate_mode forced to beside:
 # the candidate cannot get the GPU and dies at start; the wait must end within seconds with
 # vLLM's error line, the gate reject, and the serving version never stop.
 step_gate() { # step_gate accept|slow|dead
@@ -352,7 +352,9 @@ vllm_install_gate_history_path: $ST/vllm_upgrades.yml
 EOF
   case $what in
     accept) echo "vllm_install_site_dirs: [\"$site\", \"$ST/gate-site\"]" >>"$INV/group_vars/vllm_hosts.yml" ;;
-    dead) echo "vllm_install_gate_mode: beside" >>"$INV/group_vars/vllm_hosts.yml" ;;
+    dead) mkdir -p "$ST/gate-dead-site"
+      printf 'vllm_install_gate_mode: beside\nvllm_install_site_dirs: ["%s", "%s"]\n' "$site" "$ST/gate-dead-site" \
+        >>"$INV/group_vars/vllm_hosts.yml" ;;
     slow)
       cur=$(ssh_host readlink -f /opt/vllm-deploy/current)
       prev=$(ssh_host "ls -d /opt/vllm-deploy/venvs/*" | grep -vx "$cur" | head -1)
@@ -397,9 +399,19 @@ step_sleep_bare() {
       $(ls "$WH"/*.whl | grep -vE '/(ansible_core|resolvelib|cryptography|cffi|pycparser|torch)-') || return 1
   fi
   "$PY" tests/gpu/check.py make-model "$MODELS/llama-0.9b-dummy" >/dev/null || return 1
-  PATH=$site/bin:$PATH PYTHONPATH=$site timeout "${GPU_HOST_SLEEP_TIMEOUT:-400}" "$PY" tests/gpu/sleep_mode.py \
+  # Server A (a cold start: no compile or JIT cache yet) dumps its Python stacks every
+  # GPU_HOST_SLEEP_STACKS_S seconds into its log: where a cold start's quiet stretch goes
+  # (sitecustomize: a .pth is not read from a PYTHONPATH directory).
+  printf 'import os, faulthandler\nif os.environ.get("VD_DUMP_STACKS_EVERY_S"):\n    faulthandler.dump_traceback_later(float(os.environ["VD_DUMP_STACKS_EVERY_S"]), repeat=True)\n' \
+    >"$site/sitecustomize.py"
+  touch "$ST/sleep-bare.start"
+  PATH=$site/bin:$PATH PYTHONPATH=$site timeout "${GPU_HOST_SLEEP_TIMEOUT:-560}" "$PY" tests/gpu/sleep_mode.py \
     --python "$PY" --model-dir "$MODELS/llama-0.9b-dummy" --levels "${GPU_HOST_SLEEP_LEVELS:-1,16}" \
-    --duration-s "${GPU_HOST_SLEEP_DURATION:-6}" --start-timeout-s 200 --json-out "$OUTD/sleep.json" 2>&1 | tee "$OUTD/sleep.txt"
+    --duration-s "${GPU_HOST_SLEEP_DURATION:-6}" --start-timeout-s "${GPU_HOST_SLEEP_START_TIMEOUT:-300}" \
+    --stacks-every-s "${GPU_HOST_SLEEP_STACKS_S:-30}" --json-out "$OUTD/sleep.json" 2>&1 | tee "$OUTD/sleep.txt"
+  # what the cold start wrote into the caches (compile, flashinfer JIT), by size
+  find /root/.cache -mindepth 1 -maxdepth 3 -newer "$ST/sleep-bare.start" -type d -exec du -sh {} + 2>/dev/null |
+    sort -h | tail -20 | tee "$OUTD/caches.txt"
   return 0
 }
 

@@ -160,6 +160,9 @@ def main():
     ap.add_argument("--duration-s", type=float, default=8)
     ap.add_argument("--vocab-size", type=int, default=2048)
     ap.add_argument("--start-timeout-s", type=float, default=420)
+    ap.add_argument("--stacks-every-s", type=float, default=0,
+                    help="server A's processes dump every thread's Python stack this often "
+                         "(faulthandler, through a .pth that reads VD_DUMP_STACKS_EVERY_S)")
     ap.add_argument("--json-out")
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
@@ -172,7 +175,8 @@ def main():
     dev = {"VLLM_SERVER_DEV_MODE": "1"}
     used0 = gpu_used_mib()
     res["gpu_used_idle_mib"] = used0[0]
-    A = Server("A-sleep-mode", a.python, base_args + ["--enable-sleep-mode"], 8300, key, dev, logdir)
+    a_env = dict(dev, VD_DUMP_STACKS_EVERY_S=str(a.stacks_every_s)) if a.stacks_every_s else dev
+    A = Server("A-sleep-mode", a.python, base_args + ["--enable-sleep-mode"], 8300, key, a_env, logdir)
     t = A.wait(a.start_timeout_s)
     if t is None:
         res["a_error"] = A.error_line()

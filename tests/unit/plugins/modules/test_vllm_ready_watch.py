@@ -63,3 +63,16 @@ def test_error_line_prefers_the_exception_over_systemd_lines():
         .endswith("status=9/KILL")
     assert vllm_ready.error_line(["only this"]) == "only this"
     assert vllm_ready.error_line([]) == ""
+
+
+def test_error_line_names_the_engine_error_not_the_api_servers_pointer_to_it():
+    # as the H200 journal showed it: the engine's traceback, then the API server's
+    journal = ["(EngineCore pid=2800) Traceback (most recent call last):",
+               "(EngineCore pid=2800) " + OOM,
+               "(APIServer pid=2755) Traceback (most recent call last):",
+               '(APIServer pid=2755)   File "utils.py", line 1272, in wait_for_engine_startup',
+               "(APIServer pid=2755) RuntimeError: Engine core initialization failed. See root "
+               "cause above. Failed core proc(s): {}",
+               "vllm-gate-main.service: Main process exited, code=exited, status=1/FAILURE"]
+    assert vllm_ready.error_line(journal) == "(EngineCore pid=2800) " + OOM
+    assert "See root cause above" in vllm_ready.error_line(journal[2:])
