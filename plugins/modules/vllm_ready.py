@@ -131,6 +131,7 @@ restarts_baseline:
   returned: when I(unit) is set
 """
 
+import re
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
@@ -159,14 +160,24 @@ _ERROR_MARKERS = ("Error", "Exception", "error:", "Traceback", "FAILED", "Failed
 _POINTERS = ("See root cause above", "Traceback (most recent call last)")
 
 
+# An exception as Python prints it last in a traceback (``ValueError: Free memory ...``),
+# after the process prefix vLLM puts on every line (``(EngineCore pid=42) ``).
+_EXCEPTION = re.compile(r"^(\([^)]*\)\s*)?[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b:")
+
+
 def error_line(lines):
-    """The journal line that says best why a unit ended: the last one naming an error
-    (``ValueError: ...``) that is not a pointer to an earlier one, else the last line."""
-    lines = [ln for ln in (lines or []) if ln.strip()]
+    """The journal line that says best why a unit ended: the last exception as a traceback
+    ends (``ValueError: ...``) that does not point at an earlier one, else the last line naming
+    an error, else the last line."""
+    lines = [ln.strip() for ln in (lines or []) if ln.strip()]
+    for skip in (_POINTERS, ()):
+        for ln in reversed(lines):
+            if _EXCEPTION.match(ln) and not any(p in ln for p in skip):
+                return ln
     for skip in (_POINTERS, ()):
         for ln in reversed(lines):
             if any(m in ln for m in _ERROR_MARKERS[:4]) and not any(p in ln for p in skip):
-                return ln.strip()
+                return ln
     for ln in reversed(lines):
         if any(m in ln for m in _ERROR_MARKERS[4:]):
             return ln.strip()

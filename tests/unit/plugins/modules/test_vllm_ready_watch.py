@@ -71,8 +71,12 @@ def test_error_line_names_the_engine_error_not_the_api_servers_pointer_to_it():
                "(EngineCore pid=2800) " + OOM,
                "(APIServer pid=2755) Traceback (most recent call last):",
                '(APIServer pid=2755)   File "utils.py", line 1272, in wait_for_engine_startup',
+               "(APIServer pid=2755)     raise RuntimeError(",
                "(APIServer pid=2755) RuntimeError: Engine core initialization failed. See root "
                "cause above. Failed core proc(s): {}",
                "vllm-gate-main.service: Main process exited, code=exited, status=1/FAILURE"]
     assert vllm_ready.error_line(journal) == "(EngineCore pid=2800) " + OOM
     assert "See root cause above" in vllm_ready.error_line(journal[2:])
+    assert vllm_ready.error_line(["x", "  File \"a.py\", line 3, in f", "    raise OSError(",
+                                  "x.service: Main process exited, code=exited, status=1/FAILURE"]) \
+        == "raise OSError("
