@@ -170,18 +170,22 @@ def error_line(lines):
     ends (``ValueError: ...``) that does not point at an earlier one, else the last line naming
     an error, else the last line."""
     lines = [ln.strip() for ln in (lines or []) if ln.strip()]
-    for skip in (_POINTERS, ()):
+
+    def points(ln):
+        return any(p in ln for p in _POINTERS)
+
+    def names(ln, markers):
+        return any(m in ln for m in markers)
+
+    for wanted in (lambda ln: _EXCEPTION.match(ln) and not points(ln),
+                   _EXCEPTION.match,
+                   lambda ln: names(ln, _ERROR_MARKERS[:4]) and not points(ln),
+                   lambda ln: names(ln, _ERROR_MARKERS[:4]),
+                   lambda ln: names(ln, _ERROR_MARKERS[4:])):
         for ln in reversed(lines):
-            if _EXCEPTION.match(ln) and not any(p in ln for p in skip):
+            if wanted(ln):
                 return ln
-    for skip in (_POINTERS, ()):
-        for ln in reversed(lines):
-            if any(m in ln for m in _ERROR_MARKERS[:4]) and not any(p in ln for p in skip):
-                return ln
-    for ln in reversed(lines):
-        if any(m in ln for m in _ERROR_MARKERS[4:]):
-            return ln.strip()
-    return lines[-1].strip() if lines else ""
+    return lines[-1] if lines else ""
 
 
 def unit_props(unit):

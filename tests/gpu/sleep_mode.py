@@ -162,7 +162,7 @@ def main():
     ap.add_argument("--start-timeout-s", type=float, default=420)
     ap.add_argument("--stacks-every-s", type=float, default=0,
                     help="server A's processes dump every thread's Python stack this often "
-                         "(faulthandler, through a .pth that reads VD_DUMP_STACKS_EVERY_S)")
+                         "(faulthandler, through a sitecustomize that reads VD_DUMP_STACKS_EVERY_S)")
     ap.add_argument("--json-out")
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
