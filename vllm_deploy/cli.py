@@ -121,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--model-config", help="the model's config.json on the controller (planner)")
     t.add_argument("--levels", default="1,2,4,8", help="concurrency levels per instance")
     t.add_argument("--window", type=float, default=3.0, help="first round's window, seconds")
+    t.add_argument("--rounds", type=int, default=3,
+                   help="rounds of the search, each with twice the window of the one before")
+    t.add_argument("--input-len", type=int, default=32, help="prompt length of the sweep, tokens")
+    t.add_argument("--output-len", type=int, default=32, help="output length of the sweep, tokens")
     t.add_argument("--port", type=int, default=8000, help="port of the first instance")
     t.add_argument("--reference", help="candidate id whose outputs are the reference")
     t.add_argument("--min-match", type=float, default=0.9, help="token match rate to pass")
@@ -370,6 +374,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 gpu_count=args.gpus, gpu_memory_mib=args.gpu_memory_mib,
                 model_config=args.model_config,
                 levels=[int(x) for x in _split(args.levels) or []], base_window_s=args.window,
+                max_rounds=args.rounds, input_len=args.input_len, output_len=args.output_len,
                 port=args.port, reference=args.reference, min_match=args.min_match,
                 apply=args.apply, grid=args.grid, strategy=args.strategy, plan_only=args.plan_only,
                 weights_bytes=args.weights_bytes, profile_overrides=args.profile_overrides,

@@ -392,3 +392,14 @@ def test_host_endpoint_is_the_router_when_one_stands_in_front():
         h = api._host_results(c)["h1"]
         assert h.endpoint.url == expected and h.endpoint.model == "tiny-llama"
         assert [e.url for e in h.endpoints] == [i["url"] for i in inst] and h.ready
+
+
+def test_cli_tune_rounds_and_lengths_reach_the_tuner(inventory, capsys):
+    base = ["tune", "-i", inventory, "--host", "h1", "--profile", "cpu-tiny",
+            "--slo", "mlperf-server", "--candidates", "2"]
+    assert cli.main(base + ["--rounds", "0"]) == 2
+    assert "max_rounds must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert cli.main(base + ["--input-len", "0"]) == 2
+    assert "input_len must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert cli.main(base + ["--output-len", "-3"]) == 2
+    assert "output_len must be an integer >= 1, got -3" in capsys.readouterr().err

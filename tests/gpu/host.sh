@@ -30,6 +30,11 @@
 #                                       capture and before the first /health 200 (into $OUT)
 #   tests/gpu/host.sh kill9             kill -9 the unit's main PID: restart, readiness, no orphan
 #                                       on the GPU (nvidia-smi), no leaked GPU memory
+#   tests/gpu/host.sh bg NAME STEP ARGS...
+#                                       run another step in a process session of its own, so it
+#                                       outlives the device call (its output in $ST/bg-NAME/)
+#   tests/gpu/host.sh wait NAME SECONDS  wait at most SECONDS for `bg NAME`, print its log's tail;
+#                                       once it ended, its files and exit status come into $OUT
 #   tests/gpu/host.sh collect           logs, journal, write-back, unit files into $OUT
 #   tests/gpu/host.sh stop              stop the host
 #
@@ -465,6 +470,33 @@ step_collect() {
   log "collected: $(find "$OUTD" -mindepth 1 -maxdepth 1 -printf '%f ')"
 }
 
+step_bg() { # step_bg NAME STEP ARGS...: a step that outlives this call (one device call is
+  # at most 10 minutes; the tuner's screen and grid take longer)
+  local name=$1 dir
+  shift
+  dir=$ST/bg-$name
+  rm -rf "$dir" && mkdir -p "$dir/out" || return 1
+  OUT=$dir/out setsid bash -c 'd=$1; shift; "$0" "$@" >"$d/log" 2>&1; echo $? >"$d/rc"' \
+    "$ROOT/tests/gpu/host.sh" "$dir" "$@" </dev/null >/dev/null 2>&1 &
+  log "bg $name: started '$*' (pid $!)"
+}
+
+step_wait() { # step_wait NAME SECONDS
+  local name=$1 limit=$2 dir t0=$SECONDS
+  dir=$ST/bg-$name
+  [ -d "$dir" ] || { log "wait $name: no such background step"; return 2; }
+  while [ ! -s "$dir/rc" ] && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 5; done
+  tail -n 40 "$dir/log" 2>/dev/null
+  if [ -s "$dir/rc" ]; then
+    cp -r "$dir/out/." "$OUTD/" 2>/dev/null
+    cp "$dir/log" "$OUTD/bg-$name.log" 2>/dev/null
+    log "wait $name: ended, rc $(cat "$dir/rc"), after $((SECONDS - t0)) s of waiting"
+    return "$(cat "$dir/rc")"
+  fi
+  log "wait $name: still running after $((SECONDS - t0)) s of waiting"
+  return 124
+}
+
 step_stop() {
   local pid
   for pid in $(pgrep -f "systemd-nspawn --boot --register=no --keep-unit -D $MNT" 2>/dev/null); do kill "$pid"; done
@@ -485,5 +517,7 @@ case ${1:-} in
   sleep-bare) step_sleep_bare ;;
   collect) step_collect ;;
   stop) step_stop ;;
-  *) sed -n '2,31p' "$0"; exit 2 ;;
+  bg) shift; step_bg "$@" ;;
+  wait) step_wait "$2" "$3" ;;
+  *) sed -n '2,/^# State lives/p' "$0" | sed '$d'; exit 2 ;;
 esac

@@ -84,6 +84,11 @@ class Tuner(object):
         strategy = "grid" if o["grid"] else o["strategy"]
         if strategy not in vt.STRATEGIES:
             raise TuneError("strategy %r is not one of %s" % (strategy, ", ".join(vt.STRATEGIES)))
+        for name in ("max_rounds", "input_len", "output_len", "eta"):
+            v = o[name]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1 or (name == "eta" and v < 2):
+                raise TuneError("%s must be an integer >= %d, got %r"
+                                % (name, 2 if name == "eta" else 1, v))
         try:
             self.levels = sorted(check_levels(list(o["levels"] or []), coerce=True))
         except (TypeError, ValueError) as exc:

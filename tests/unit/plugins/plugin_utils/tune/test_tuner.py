@@ -27,6 +27,10 @@ def test_plan_of_the_cpu_profile_lists_the_default_first():
     ({"levels": [0, 2]}, "levels must be positive integers"),
     ({"gpu_count": 2}, "a GPU host needs model_config"),
     ({"budgett_minutes": 3}, "unknown tune setting(s): budgett_minutes"),
+    ({"max_rounds": 0}, "max_rounds must be an integer >= 1, got 0"),
+    ({"input_len": "512"}, "input_len must be an integer >= 1, got '512'"),
+    ({"output_len": True}, "output_len must be an integer >= 1, got True"),
+    ({"eta": 1}, "eta must be an integer >= 2, got 1"),
 ])
 def test_bad_settings_are_named(settings, message):
     with pytest.raises(TuneError) as e:
