@@ -172,6 +172,7 @@ step_prepare() {
 
 write_inventory() { # write_inventory MODEL
   local model=$1 torchsite sha repo profile served extra levels
+  echo "$model" >"$ST/model"  # the gate's runs keep the model the host serves
   torchsite=$("$PY" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
   case $model in
     llama) repo=gpu-check/llama-0.9b-dummy; profile=""; served=llama-0.9b-dummy
@@ -347,7 +348,7 @@ EOF
 # vLLM's error line, the gate reject, and the serving version never stop.
 step_gate() { # step_gate accept|slow|dead
   local what=$1 prev cur site t0
-  write_inventory llama || return 1
+  write_inventory "$(cat "$ST/model" 2>/dev/null || echo llama)" || return 1
   mkdir -p "$ST/gate-site"
   site=$("$PY" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
   cat >>"$INV/group_vars/vllm_hosts.yml" <<EOF
