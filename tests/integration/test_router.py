@@ -238,6 +238,56 @@ def test_bad_router_settings_refused_before_any_change(host, tmp_path):
     assert complete(ROUTER, "still serving")[0] == 200
 
 
+def processed_per_worker():
+    served = {}
+    for line in router_metrics().splitlines():
+        if line.startswith("vllm_router_processed_requests_total{"):
+            worker = line.split('worker="', 1)[1].split('"', 1)[0]
+            served[worker] = served.get(worker, 0.0) + float(line.rsplit(" ", 1)[1])
+    return served
+
+
+def test_the_tuner_measures_a_candidate_through_the_router(host):
+    """The tuner's one-candidate play (vllm_ops.deploy.tune) on a host with the router: the
+    candidate (here the host's own two instances, so nothing restarts) is swept through the
+    front door at its total concurrency (2 instances x the per-instance level); with
+    vllm_tune_through_router false, each instance at its own port, both at once."""
+    from vllm_deploy.runner import run_playbook
+    units = ("vllm-one.service", "vllm-two.service", "vllm_router.service")
+    pids = dict((u, unit_show(u, "MainPID")["MainPID"]) for u in units)
+    ev = {"vllm_tune_host": HOST, "vllm_service_profile": "cpu-tiny",
+          "vllm_service_instances": GROUP_VARS["vllm_service_instances"],
+          "vllm_tune_stop_units": [], "vllm_tune_levels": [1, 2], "vllm_tune_duration_s": 3,
+          "vllm_tune_input_len": 16, "vllm_tune_output_len": 16,
+          "vllm_tune_stop_on_saturation": False}
+    measured = {}
+    for through in (True, False):
+        before = processed_per_worker()
+        runner, collector, _info = run_playbook("vllm_ops.deploy.tune", host["inventory"],
+                                                limit=HOST,
+                                                extravars=dict(ev, vllm_tune_through_router=through))
+        assert runner.rc == 0, [f.describe() for f in collector.failures_for(HOST)]
+        m = collector.facts[HOST]["vllm_tune_measurement"]
+        after = processed_per_worker()
+        routed = sum(after.values()) - sum(before.values())
+        measured[through] = (m, routed)
+        print("through_router=%s: through %s, levels %s, router requests %d" % (
+            through, m["through"], [[lv["concurrency"] for lv in lvs] for lvs in m["levels"]], routed))
+        assert sorted(m["instances"]) == ["one", "two"]
+        assert all(lv["requests_failed"] == 0 for lvs in m["levels"] for lv in lvs)
+    m, routed = measured[True]
+    assert m["through"] == "router"
+    assert [[lv["concurrency"] for lv in lvs] for lvs in m["levels"]] == [[2, 4]]
+    done = sum(lv["requests_ok"] for lv in m["levels"][0])
+    assert routed >= done > 0  # the sweep's requests went through the router
+    m, routed = measured[False]
+    assert m["through"] == "instances"
+    assert [[lv["concurrency"] for lv in lvs] for lvs in m["levels"]] == [[1, 2], [1, 2]]
+    assert routed <= 1  # the readiness check's one completion at most
+    # the same configuration served again: no instance and no router restarted
+    assert dict((u, unit_show(u, "MainPID")["MainPID"]) for u in units) == pids
+
+
 class Load(object):
     """Steady load through the router: WORKERS clients, each sending its next completion
     PAUSE seconds after the last one ended (the instance left serving is busy, not saturated:

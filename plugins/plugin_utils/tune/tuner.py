@@ -197,6 +197,7 @@ class Tuner(object):
         outs = m.get("correctness")
         self.outputs.setdefault(cand["id"], outs)
         run["stop_reasons"] = m.get("stop_reasons")
+        run["through"] = m.get("through")  # the router at the total concurrency, or the instances
         sc = vt.score(combined)
         self.say("%s window %.1fs levels %s: goodput %.1f tok/s at C=%s (%.0fs)"
                  % (cand["id"], window, lv, sc["goodput_tok_s"], sc["goodput_level"], elapsed))
