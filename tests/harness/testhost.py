@@ -418,6 +418,35 @@ def _stop(pids, timeout):
             time.sleep(1)
 
 
+def _kill(pids):
+    """SIGKILL each host's nspawn (its process group); what runs inside the host outlives it
+    and is killed by _kill_rooted."""
+    for name, pid in pids.items():
+        log("killing %s (nspawn pid %d)" % (name, pid))
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    _wait_gone(list(pids.values()), 10)
+
+
+def _wait_gone(pids, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline and any(_pid_alive(p) and not _zombie(p) for p in pids):
+        time.sleep(0.1)
+
+
+def _zombie(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _kill_rooted(root):
     """SIGKILL every process whose root directory is ``root`` (the same inode; inside the
     host's mount namespace its root reads as "/"): a host's systemd and services outlive an
@@ -459,7 +488,11 @@ def renet(name, netns_address, bridge=DEFAULT_BRIDGE, bridge_address=None, timeo
                   bridge=bridge, bridge_address=bridge_address, keep_root=True)
 
 
-def destroy(prefix, timeout=30):
+def destroy(prefix, timeout=0):
+    """Stop and remove the hosts whose names start with ``prefix``. Their disks go, so nothing
+    is gained by a clean power-off (each waited for a stop timeout of its services): with the
+    default ``timeout`` 0 nspawn and every process in the host's root are killed at once;
+    ``timeout`` > 0 asks the host's systemd to power off first and waits that long."""
     if not prefix:
         raise HarnessError("destroy needs a non-empty name prefix")
     pids = _nspawn_pids(prefix)
@@ -468,7 +501,10 @@ def destroy(prefix, timeout=30):
         for name in os.listdir(MACHINES):
             if name.startswith(prefix) and (_state(name) or {}).get("bridge"):
                 bridges.add(_state(name)["bridge"])
-    _stop(pids, timeout)
+    if timeout > 0:
+        _stop(pids, timeout)
+    else:
+        _kill(pids)
     for ns in _netns_names(prefix):
         teardown_netns(ns)
         log("removed network namespace %s" % ns)
@@ -481,6 +517,7 @@ def destroy(prefix, timeout=30):
                 left = _kill_rooted(os.path.join(machine_dir(name), "root"))
                 if left:
                     log("%s: killed %d process(es) its stopped nspawn left running" % (name, len(left)))
+                    _wait_gone(left, 20)
                 shutil.rmtree(machine_dir(name), ignore_errors=True)
                 removed.append(name)
     for name in removed:
