@@ -43,6 +43,7 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "collections"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # the cpu-tiny profile's (profiles/cpu-tiny.yml) arguments and environment, KV size aside
 PROFILE_ARGS = ["--dtype", "float32", "--enforce-eager"]
@@ -109,14 +110,11 @@ def stop(proc):
 
 
 def sweep_level(url, args, c):
+    """One level of the collection's sweep client, as bench_router.py measures it."""
     from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.vllm_sweep import run_sweep
-    params = {"base_url": url, "model": args.model, "levels": [c], "input_len": args.input_len,
-              "output_len": args.output_len, "duration_s": args.duration_s,
-              "request_timeout_s": 300, "saturation_threshold": 0.1, "stop_on_saturation": False,
-              "endpoint": "completions", "api_key": None}
-    lv = run_sweep(params)["levels"][0]
-    return {"output_tok_s": lv["output_tok_s"], "ttft_p50_ms": lv["ttft_ms"]["p50"],
-            "requests_failed": lv.get("requests_failed") or 0}
+    from bench_router import level
+    lv = level(run_sweep, url, args, c)
+    return dict(lv, requests_failed=lv["requests_failed"] or 0)
 
 
 def at_once(fns):
@@ -269,6 +267,7 @@ def main(argv=None):
     ap.add_argument("--vllm-python", required=True)
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--model", default="tiny")
+    ap.add_argument("--api-key", default="", help="the instances are started without one")
     ap.add_argument("--port", type=int, default=26520, help="first instance; the second is +1")
     ap.add_argument("--router-port", type=int, default=26530)
     ap.add_argument("--kv-cache-mib", type=int, default=8,

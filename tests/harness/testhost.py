@@ -488,11 +488,10 @@ def renet(name, netns_address, bridge=DEFAULT_BRIDGE, bridge_address=None, timeo
                   bridge=bridge, bridge_address=bridge_address, keep_root=True)
 
 
-def destroy(prefix, timeout=0):
-    """Stop and remove the hosts whose names start with ``prefix``. Their disks go, so nothing
-    is gained by a clean power-off (each waited for a stop timeout of its services): with the
-    default ``timeout`` 0 nspawn and every process in the host's root are killed at once;
-    ``timeout`` > 0 asks the host's systemd to power off first and waits that long."""
+def destroy(prefix):
+    """Kill and remove the hosts whose names start with ``prefix``: nspawn, then every process
+    in the host's root. Their disks go, so a clean power-off (which waited out its services'
+    stop timeouts) gains nothing."""
     if not prefix:
         raise HarnessError("destroy needs a non-empty name prefix")
     pids = _nspawn_pids(prefix)
@@ -501,10 +500,7 @@ def destroy(prefix, timeout=0):
         for name in os.listdir(MACHINES):
             if name.startswith(prefix) and (_state(name) or {}).get("bridge"):
                 bridges.add(_state(name)["bridge"])
-    if timeout > 0:
-        _stop(pids, timeout)
-    else:
-        _kill(pids)
+    _kill(pids)
     for ns in _netns_names(prefix):
         teardown_netns(ns)
         log("removed network namespace %s" % ns)

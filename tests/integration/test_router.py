@@ -110,6 +110,16 @@ def router_metrics():
     return text
 
 
+def processed_per_worker(text=None):
+    """{worker URL: requests the router processed for it} from its metrics."""
+    served = {}
+    for line in (text if text is not None else router_metrics()).splitlines():
+        if line.startswith("vllm_router_processed_requests_total{"):
+            worker = line.split('worker="', 1)[1].split('"', 1)[0]
+            served[worker] = served.get(worker, 0.0) + float(line.rsplit(" ", 1)[1])
+    return served
+
+
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
     if os.geteuid() != 0:
@@ -143,11 +153,7 @@ def test_two_instances_serve_through_one_port(host):
         assert status == 200, body
         assert json.loads(body)["usage"]["completion_tokens"] == 4
     text = router_metrics()
-    served = {}
-    for line in text.splitlines():
-        if line.startswith("vllm_router_processed_requests_total{"):
-            worker = line.split('worker="', 1)[1].split('"', 1)[0]
-            served[worker] = float(line.rsplit(" ", 1)[1])
+    served = processed_per_worker(text)
     print("router metrics before:", [l for l in before.splitlines() if "processed_requests" in l])
     print("processed per instance:", served)
     assert set(served) == {"http://127.0.0.1:%d" % ONE, "http://127.0.0.1:%d" % TWO}
@@ -236,15 +242,6 @@ def test_bad_router_settings_refused_before_any_change(host, tmp_path):
     assert ssh("stat -c %Y /etc/systemd/system/vllm_router.service /etc/systemd/system/vllm-two.service") == (0, stamp)
     assert unit_show("vllm_router.service", "MainPID") == unit_before
     assert complete(ROUTER, "still serving")[0] == 200
-
-
-def processed_per_worker():
-    served = {}
-    for line in router_metrics().splitlines():
-        if line.startswith("vllm_router_processed_requests_total{"):
-            worker = line.split('worker="', 1)[1].split('"', 1)[0]
-            served[worker] = served.get(worker, 0.0) + float(line.rsplit(" ", 1)[1])
-    return served
 
 
 def test_the_tuner_measures_a_candidate_through_the_router(host):
