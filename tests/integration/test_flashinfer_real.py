@@ -16,8 +16,13 @@ versions agree; with torch (CPU wheel, /opt/wheels) plus flashinfer-python --no-
 its pure-python imports (apache-tvm-ffi, numpy, packaging, requests, tqdm, nvidia-ml-py,
 einops, click, tabulate) it behaves the same. The cubin wheels are real (~450 MB each).
 
-Needs PyPI (pip's configured index) and a CPU torch wheel for this Python in /opt/wheels
-(or TORCH_CPU_WHEEL=path). Takes a few minutes; marked slow.
+The venv is built once for the module (`python -m venv`, so it has pip, the installer the
+module picks; uv, from its cache, installs the packages into it with their bytecode), and each
+test that changes it gets a copy of it whose files are hard links (`cp -al`): each starts from
+the mismatched pair, and no test installs cubin 0.6.12 again.
+
+Needs PyPI, uv (requirements/tools.txt) and a CPU torch wheel for this Python in /opt/wheels
+(or TORCH_CPU_WHEEL=path). About a minute; marked slow.
 """
 import glob
 import json
@@ -56,19 +61,41 @@ def torch_cpu_wheel():
     return found[-1] if found else None
 
 
+def uv():
+    found = os.path.join(os.path.dirname(sys.executable), "uv")
+    return found if os.path.exists(found) else shutil.which("uv")
+
+
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory):
+def base_venv(tmp_path_factory):
+    """The mismatched venv, built once: pip from the venv module (the installer the module
+    under test picks), the packages installed by uv from its cache, bytecode compiled."""
     wheel = torch_cpu_wheel()
     if not wheel:
         pytest.skip("no CPU torch wheel for this Python in /opt/wheels (set TORCH_CPU_WHEEL)")
+    if not uv():
+        pytest.skip("needs uv (requirements/tools.txt)")
     base = tmp_path_factory.mktemp("flashinfer-real")
     path = base / "venv"
     sh([sys.executable, "-m", "venv", path])
-    pip = [path / "bin" / "python", "-m", "pip", "install", "-q"]
-    sh(pip + [wheel] + FLASHINFER_RUNTIME_DEPS)
-    sh(pip + ["--no-deps", "flashinfer-python==0.6.13", "flashinfer-cubin==0.6.12"])
+    install = [uv(), "pip", "install", "-q", "--system-certs", "--compile-bytecode",
+               "--python", path / "bin" / "python"]
+    sh(install + [wheel] + FLASHINFER_RUNTIME_DEPS)
+    sh(install + ["--no-deps", "flashinfer-python==0.6.13", "flashinfer-cubin==0.6.12"])
+    assert installed(path) == {"flashinfer-python": "0.6.13", "flashinfer-cubin": "0.6.12",
+                               "flashinfer-jit-cache": None}
     yield path
-    shutil.rmtree(str(base), ignore_errors=True)
+    sh(["rm", "-rf", base])
+
+
+@pytest.fixture
+def venv(base_venv, tmp_path):
+    """A copy of the mismatched venv for one test, its files hard links to the base venv's
+    (pip never writes into an installed file: it unlinks it and writes a new one)."""
+    path = tmp_path / "venv"
+    sh(["cp", "-al", base_venv, path])
+    yield path
+    sh(["rm", "-rf", path])
 
 
 def python_of(venv):
@@ -188,7 +215,8 @@ def test_remove_mode_uninstalls_the_stale_cubin(venv):
     assert again["changed"] is False and again["actions"] == [] and again["import_ok"] is True
 
 
-def test_install_facts_read_the_venv(venv):
+def test_install_facts_read_the_venv(base_venv):
+    venv = base_venv  # read only: no copy needed
     facts = run_module(venv, {"extra_packages": ["numpy"]}, check_mode=True,
                        module="vllm_install_facts")
     assert not facts.get("failed"), facts.get("msg")
