@@ -7,6 +7,7 @@ ansible-runner, and the result is written back into the inventory.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Dict, List, Optional
 
 from .collection import plugin_module
@@ -49,6 +50,11 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
     vllm_service_extra_args (e.g. ``--load-format dummy``), kept in every candidate.
 
     ``plan_only=True`` returns the candidates and the planner's refusals without serving.
+    ``report_dir`` (default <inventory>/reports/<host>/tune/<start time>) receives the reports
+    and, from the first measurement on, ``measurements.jsonl``: one JSON line per measurement
+    (candidate, layout, knobs, window, levels, each level's sweep summary with its interval,
+    the score, the seconds it took, the error of a failed serve), appended as it is taken, so
+    a run stopped before its end keeps what it measured.
     ``strategy``: ``screen`` (one knob changed from the default at a time, then the combination
     of the winners, then successive halving among the leaders), ``halving`` (successive halving
     over every candidate), ``grid`` (every candidate over every level with the longest window:
@@ -78,10 +84,14 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
         max_logprob_gap=max_logprob_gap, pinned=pinned, dummy_weights=dummy_weights,
         apply=apply, restore=restore, grid=grid, strategy=strategy,
         profile_overrides=profile_overrides, extra_args=extra_args, extravars=extravars)
+    rdir = report_dir or tuner_mod.report_dir_for(inventory_dirs(inventory)[0], host)
+    journal = os.path.join(rdir, tuner_mod.JOURNAL_FILE)
     try:
-        tuner = tuner_mod.Tuner(host, profile, play, log=log, **settings)
+        tuner = tuner_mod.Tuner(host, profile, play, log=log, journal=journal, **settings)
         if plan_only:  # what would be measured, what the planner refuses; nothing runs
             return TuneResult(tuner.plan())
+        if log:
+            log("each measurement is appended to %s as it is taken" % journal)
         doc, points, final_insts = tuner.run()
     except tuner_mod.TuneServeError as exc:
         raise VllmDeployError(str(exc)) from None
@@ -89,5 +99,5 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
         raise UsageError(str(exc)) from None
     out = TuneResult(doc)
     out.reports, out.path = tuner_mod.write_back(inventory_dirs(inventory)[0], host, doc, points,
-                                                 final_insts if apply else None, report_dir)
+                                                 final_insts if apply else None, rdir)
     return out

@@ -218,6 +218,13 @@ def test_tune_disqualifies_the_wrong_candidate_and_restores(deployed, inventory,
     assert "vllm_service_instances" not in saved  # not applied
     assert os.path.getsize(doc.reports["pareto"]) > 10000
     assert "goodput tok/s" in open(doc.reports["compare"]).read()
+    # the journal: one line per measurement, in the order taken, the same runs as the evidence
+    with open(doc.reports["measurements"]) as f:
+        journaled = [json.loads(x) for x in f]
+    assert [j["candidate"] for j in journaled] == [r["candidate"] for r in doc["evidence"]["runs"]]
+    assert all(j["score"]["goodput_tok_s"] > 0 for j in journaled if j["candidate"] != BROKEN_ID)
+    assert any(doc.reports["measurements"] in line and "as it is taken" in line
+               for line in lines)
     # the inventory's configuration serves again, the second instance is gone
     st = vllm_deploy.status(inventory).status_by_host[HOST]
     assert [i.unit for i in st.instances] == ["vllm-main.service"] and st.serving

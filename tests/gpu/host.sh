@@ -494,6 +494,10 @@ step_wait() { # step_wait NAME SECONDS
     log "wait $name: ended, rc $(cat "$dir/rc"), after $((SECONDS - t0)) s of waiting"
     return "$(cat "$dir/rc")"
   fi
+  # what the tuner measured so far (its journal), in case no later call sees the step end
+  local j
+  j=$(ls -t "$INV"/reports/*/tune/*/measurements.jsonl 2>/dev/null | head -n 1)
+  [ -n "$j" ] && cp "$j" "$OUTD/bg-$name-measurements.jsonl"
   log "wait $name: still running after $((SECONDS - t0)) s of waiting"
   return 124
 }

@@ -60,12 +60,13 @@ DEFAULTS = {
 class Tuner(object):
     """One tuning run of ``host`` with ``profile``; ``settings`` are DEFAULTS' names."""
 
-    def __init__(self, host, profile, play, log=None, **settings):
+    def __init__(self, host, profile, play, log=None, journal=None, **settings):
         unknown = sorted(set(settings) - set(DEFAULTS))
         if unknown:
             raise TuneError("unknown tune setting(s): %s" % ", ".join(unknown))
         self.host, self.profile, self.play = host, profile, play
         self.say = log or (lambda msg: None)
+        self.journal = journal  # a JSON-lines file: one line per measurement, as it is taken
         self.o = dict(DEFAULTS, **settings)
         self.started_units = set()
         self.runs, self.points, self.outputs, self.ref = [], {}, {}, {}
@@ -189,6 +190,7 @@ class Tuner(object):
             why = res.get("failure") or "run failed (rc %s)" % res["rc"]
             run["error"] = why[:500]
             self.say("%s: failed: %s" % (cand["id"], why[:200]))
+            self._record(cand, run, None, None)
             return {"levels": [], "elapsed_s": elapsed, "error": why[:500], "correctness": None}
         combined = vt.combine_instances(m["levels"])
         lay = cand["layout"]
@@ -201,7 +203,21 @@ class Tuner(object):
         sc = vt.score(combined)
         self.say("%s window %.1fs levels %s: goodput %.1f tok/s at C=%s (%.0fs)"
                  % (cand["id"], window, lv, sc["goodput_tok_s"], sc["goodput_level"], elapsed))
+        self._record(cand, run, sc, combined)
         return {"levels": combined, "elapsed_s": elapsed, "correctness": outs}
+
+    def _record(self, cand, run, sc, combined):
+        """Append one measurement to the journal at once, so that a run stopped before its end
+        (interrupted, out of time) keeps what it measured; the write-back summarises them."""
+        if not self.journal:
+            return
+        line = dict(run, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    layout=cand["layout"], knobs=cand.get("knobs"), score=sc, sweep=combined)
+        os.makedirs(os.path.dirname(self.journal) or ".", exist_ok=True)
+        with open(self.journal, "a") as f:
+            f.write(json.dumps(line, sort_keys=True, default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
 
     def gate(self, cand, outs):
         """The correctness gate: ``cand``'s outputs against the reference's."""
@@ -288,13 +304,24 @@ class Tuner(object):
         return doc, rep.pareto_points(self.points), final_insts
 
 
+JOURNAL_FILE = "measurements.jsonl"
+
+
+def report_dir_for(inventory_dir, host):
+    """Where a run's reports and its measurement journal go: <inventory>/reports/<host>/tune/
+    <the run's start time, UTC>."""
+    return os.path.join(inventory_dir, "reports", host, "tune",
+                        time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+
+
 def write_back(inventory_dir, host, doc, points, final_insts=None, report_dir=None):
-    """The reports (under ``report_dir``, default <inventory>/reports/<host>/tune/<time>) and
+    """The reports (under ``report_dir``, default :func:`report_dir_for`) and
     host_vars/<host>/vllm_tune.yml (the document; the winner's instances when applied).
     Returns (report paths, the host_vars file)."""
-    rdir = report_dir or os.path.join(inventory_dir, "reports", host, "tune",
-                                      time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+    rdir = report_dir or report_dir_for(inventory_dir, host)
     reports = rep.write_reports(rdir, doc, points)
+    if os.path.exists(os.path.join(rdir, JOURNAL_FILE)):
+        reports["measurements"] = os.path.join(rdir, JOURNAL_FILE)
     path = os.path.join(inventory_dir, "host_vars", host, TUNE_FILE)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     body = {"vllm_tune": doc}

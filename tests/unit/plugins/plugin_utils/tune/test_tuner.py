@@ -45,3 +45,37 @@ def test_the_api_passes_every_setting_the_tuner_knows():
     assert set(DEFAULTS) <= api
     assert api - set(DEFAULTS) == {"inventory", "host", "profile", "plan_only", "report_dir",
                                    "on_event", "log"}
+
+
+def test_each_measurement_is_journaled_as_it_is_taken(tmp_path):
+    """A run stopped before its end keeps what it measured: every measurement, failed ones
+    too, is one JSON line in the journal the moment its play returns."""
+    journal = tmp_path / "reports" / "measurements.jsonl"
+    level = {"concurrency": 2, "output_tok_s": 50.0, "slo": {"met": True},
+             "goodput": {"output_tok_s": 48.5},
+             "precision": {"output_tok_s": {"value": 50.0, "ci_low": 47.0, "ci_high": 53.0}}}
+    answers = [{"rc": 0, "facts": {"vllm_tune_measurement": {"levels": [[level]]}}},
+               {"rc": 2, "facts": {}, "failure": "vllm-main.service did not become ready"}]
+    seen = []
+
+    def play(extravars):
+        seen.append(extravars["vllm_tune_levels"])
+        return answers[len(seen) - 1]
+
+    t = Tuner("h1", "cpu-tiny", play, journal=str(journal), slo_class="mlperf-server",
+              budget_candidates=4, knobs={"max-num-seqs": [16, 64]})
+    first, second = t.cands[0], t.cands[1]
+    t.measure(first, 4.0, [2])
+    lines = journal.read_text().splitlines()
+    assert len(lines) == 1  # written before the next candidate is served
+    t.measure(second, 4.0, [2])
+    import json
+    recs = [json.loads(x) for x in journal.read_text().splitlines()]
+    assert [r["candidate"] for r in recs] == [first["id"], second["id"]]
+    ok, bad = recs
+    assert ok["window_s"] == 4.0 and ok["levels"] == [2] and ok["rc"] == 0
+    assert ok["score"]["goodput_tok_s"] == 48.5 and ok["score"]["goodput_level"] == 2
+    assert ok["sweep"][0]["precision"]["output_tok_s"]["ci_low"] == 47.0
+    assert ok["layout"] == first["layout"] and ok["time"].endswith("Z")
+    assert bad["rc"] == 2 and "did not become ready" in bad["error"] and bad["score"] is None
+
