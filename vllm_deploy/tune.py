@@ -84,7 +84,8 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
         max_logprob_gap=max_logprob_gap, pinned=pinned, dummy_weights=dummy_weights,
         apply=apply, restore=restore, grid=grid, strategy=strategy,
         profile_overrides=profile_overrides, extra_args=extra_args, extravars=extravars)
-    rdir = report_dir or tuner_mod.report_dir_for(inventory_dirs(inventory)[0], host)
+    inv_dir = inventory_dirs(inventory)[0]
+    rdir = report_dir or tuner_mod.report_dir_for(inv_dir, host)
     journal = os.path.join(rdir, tuner_mod.JOURNAL_FILE)
     try:
         tuner = tuner_mod.Tuner(host, profile, play, log=log, journal=journal, **settings)
@@ -98,6 +99,6 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
     except tuner_mod.TuneError as exc:
         raise UsageError(str(exc)) from None
     out = TuneResult(doc)
-    out.reports, out.path = tuner_mod.write_back(inventory_dirs(inventory)[0], host, doc, points,
+    out.reports, out.path = tuner_mod.write_back(inv_dir, host, doc, points,
                                                  final_insts if apply else None, rdir)
     return out

@@ -62,8 +62,10 @@ def torch_cpu_wheel():
 
 
 def uv():
+    """The test venv's own uv (requirements/tools.txt installs it there)."""
     found = os.path.join(os.path.dirname(sys.executable), "uv")
-    return found if os.path.exists(found) else shutil.which("uv")
+    assert os.path.exists(found), "no uv beside %s: run make setup" % sys.executable
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +75,6 @@ def base_venv(tmp_path_factory):
     wheel = torch_cpu_wheel()
     if not wheel:
         pytest.skip("no CPU torch wheel for this Python in /opt/wheels (set TORCH_CPU_WHEEL)")
-    if not uv():
-        pytest.skip("needs uv (requirements/tools.txt)")
     base = tmp_path_factory.mktemp("flashinfer-real")
     path = base / "venv"
     sh([sys.executable, "-m", "venv", path])
