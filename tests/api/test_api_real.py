@@ -223,6 +223,10 @@ def test_tune_disqualifies_the_wrong_candidate_and_restores(deployed, inventory,
         journaled = [json.loads(x) for x in f]
     assert [j["candidate"] for j in journaled] == [r["candidate"] for r in doc["evidence"]["runs"]]
     assert all(j["score"]["goodput_tok_s"] > 0 for j in journaled if j["candidate"] != BROKEN_ID)
+    # each served candidate's seconds split: a restart and a sweep both take time
+    assert all(j["serve_s"] > 0 and j["measure_s"] > 0
+               and abs(j["serve_s"] + j["measure_s"] - j["elapsed_s"]) <= 0.2
+               for j in journaled if j["candidate"] != BROKEN_ID)
     assert any(doc.reports["measurements"] in line and "as it is taken" in line
                for line in lines)
     # the inventory's configuration serves again, the second instance is gone

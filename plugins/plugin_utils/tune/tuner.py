@@ -198,11 +198,17 @@ class Tuner(object):
                                    * lay["instances"], combined)
         outs = m.get("correctness")
         self.outputs.setdefault(cand["id"], outs)
+        if m.get("measure_s") is not None:  # the rest of the play served the candidate
+            run["measure_s"] = round(float(m["measure_s"]), 1)
+            run["serve_s"] = round(max(elapsed - run["measure_s"], 0.0), 1)
         run["stop_reasons"] = m.get("stop_reasons")
         run["through"] = m.get("through")  # the router at the total concurrency, or the instances
         sc = vt.score(combined)
-        self.say("%s window %.1fs levels %s: goodput %.1f tok/s at C=%s (%.0fs)"
-                 % (cand["id"], window, lv, sc["goodput_tok_s"], sc["goodput_level"], elapsed))
+        split = (": serve %.0fs, measure %.0fs" % (run["serve_s"], run["measure_s"])
+                 if "serve_s" in run else "")
+        self.say("%s window %.1fs levels %s: goodput %.1f tok/s at C=%s (%.0fs%s)"
+                 % (cand["id"], window, lv, sc["goodput_tok_s"], sc["goodput_level"], elapsed,
+                    split))
         self._record(cand, run, sc, combined)
         return {"levels": combined, "elapsed_s": elapsed, "correctness": outs}
 

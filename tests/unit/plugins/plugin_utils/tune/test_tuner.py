@@ -54,7 +54,8 @@ def test_each_measurement_is_journaled_as_it_is_taken(tmp_path):
     level = {"concurrency": 2, "output_tok_s": 50.0, "slo": {"met": True},
              "goodput": {"output_tok_s": 48.5},
              "precision": {"output_tok_s": {"value": 50.0, "ci_low": 47.0, "ci_high": 53.0}}}
-    answers = [{"rc": 0, "facts": {"vllm_tune_measurement": {"levels": [[level]]}}},
+    answers = [{"rc": 0, "facts": {"vllm_tune_measurement": {"levels": [[level]],
+                                                             "measure_s": "0.0"}}},
                {"rc": 2, "facts": {}, "failure": "vllm-main.service did not become ready"}]
     seen = []
 
@@ -78,4 +79,7 @@ def test_each_measurement_is_journaled_as_it_is_taken(tmp_path):
     assert ok["sweep"][0]["precision"]["output_tok_s"]["ci_low"] == 47.0
     assert ok["layout"] == first["layout"] and ok["time"].endswith("Z")
     assert bad["rc"] == 2 and "did not become ready" in bad["error"] and bad["score"] is None
+    # the play's seconds split: what it spent measuring (the role's own clock), the rest serving
+    assert ok["measure_s"] == 0.0 and ok["serve_s"] == ok["elapsed_s"]
+    assert "measure_s" not in bad and "serve_s" not in bad
 
