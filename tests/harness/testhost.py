@@ -6,7 +6,7 @@ The hosts share the machine's network namespace, so every service inside must us
 of its own (the harness hands out the SSH port; roles take the service port as a variable).
 
     testhost.py rootfs                       build (or reuse) the cached rootfs
-    testhost.py create NAME --port P         boot a host from a copy of the rootfs
+    testhost.py create NAME --port P         boot a host on an overlay of the rootfs
     testhost.py create NAME --port P --netns-address 10.213.0.2/24
                                              ... in a network namespace of its own (below)
     testhost.py renet NAME --netns-address A stop a running host and boot it again, same disk,
@@ -23,6 +23,11 @@ on their own addresses. Nothing is routed further: the namespace has no default 
 such a host has no internet (install what it needs before, e.g. with `renet`: converge on
 the shared network first, then move the host into its namespace). `destroy` removes the
 namespaces of the hosts it removes, and the bridge once no host uses it.
+
+A host's root is an overlayfs mount (machines/NAME/root): the cached rootfs is its read-only
+lower layer, and what the host writes goes to machines/NAME/upper. Nothing is copied at
+create (a copy of the 814 MB rootfs took 8-16 s on the 2-core machine); `destroy` unmounts
+it, and `renet` boots the same mount again.
 
 State (rootfs cache, machines, SSH key, shared pip/uv caches) lives under $VD_CACHE_DIR
 (default /var/cache/vllm-deploy). The hosts also share vLLM's compile caches (VLLM_CACHE_ROOT
@@ -117,6 +122,10 @@ def build_rootfs():
     try:
         if os.path.exists(stamp) and open(stamp).read().strip() == ROOTFS_VERSION:
             return ROOTFS
+        users = _overlay_roots_on(ROOTFS)
+        if users:  # a lower layer must not change under a mounted overlay
+            raise HarnessError("the rootfs must be rebuilt, but test hosts run on it (%s): "
+                               "destroy them first" % ", ".join(users))
         tmp = ROOTFS + ".partial"
         shutil.rmtree(tmp, ignore_errors=True)
         log("building the Debian bookworm rootfs with debootstrap (about a minute)")
@@ -173,6 +182,44 @@ def pip_find_links():
 # --------------------------------------------------------------------------- machines
 def machine_dir(name):
     return os.path.join(MACHINES, name)
+
+
+def _overlay_roots_on(lower):
+    """Mount points of the overlays whose lower layer is ``lower``."""
+    found = []
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 3 and fields[2] == "overlay":
+                opts = fields[3].split(",")
+                if "lowerdir=" + lower in opts:
+                    found.append(fields[1].replace("\\040", " "))
+    return found
+
+
+def _mount_root(mdir):
+    """The host's root: an overlay of the cached rootfs (read-only) and the host's own
+    upper directory. Mounting again what is mounted is a no-op (renet boots the same root)."""
+    root = os.path.join(mdir, "root")
+    if os.path.ismount(root):
+        return root
+    for sub in ("root", "upper", "work"):
+        os.makedirs(os.path.join(mdir, sub), exist_ok=True)
+    run(["mount", "-t", "overlay", "overlay", "-o",
+         "lowerdir=%s,upperdir=%s,workdir=%s" % (ROOTFS, os.path.join(mdir, "upper"),
+                                                 os.path.join(mdir, "work")), root])
+    return root
+
+
+def _unmount_root(mdir):
+    """Unmount the host's root; lazily if something still holds it (it goes once that
+    ends), so that removing the machine directory never walks through the overlay."""
+    root = os.path.join(mdir, "root")
+    if os.path.ismount(root) and run(["umount", root], check=False,
+                                     stderr=subprocess.DEVNULL).returncode != 0:
+        run(["umount", "--lazy", root])
+    if os.path.ismount(root):
+        raise HarnessError("could not unmount %s" % root)
 
 
 def _state(name):
@@ -330,14 +377,16 @@ def create(name, port, memory=None, timeout=120, netns_address=None, bridge=DEFA
     mdir = machine_dir(name)
     root = os.path.join(mdir, "root")
     if keep_root:
-        if not os.path.isdir(os.path.join(root, "etc")):
+        if not os.path.isdir(os.path.join(mdir, "upper")):
             raise HarnessError("%s has no disk to boot again (create it first)" % name)
+        _mount_root(mdir)
     else:
-        rootfs = build_rootfs()
+        build_rootfs()
+        _unmount_root(mdir)
         shutil.rmtree(mdir, ignore_errors=True)
         os.makedirs(mdir)
-        log("copying the rootfs for %s" % name)
-        run(["cp", "-a", "--reflink=auto", rootfs, root])
+        log("mounting an overlay of the rootfs for %s" % name)
+        _mount_root(mdir)
 
     with open(os.path.join(root, "etc/hostname"), "w") as f:
         f.write(name + "\n")
@@ -514,6 +563,7 @@ def destroy(prefix):
                 if left:
                     log("%s: killed %d process(es) its stopped nspawn left running" % (name, len(left)))
                     _wait_gone(left, 20)
+                _unmount_root(machine_dir(name))
                 shutil.rmtree(machine_dir(name), ignore_errors=True)
                 removed.append(name)
     for name in removed:

@@ -107,3 +107,34 @@ def test_destroy_kills_what_a_killed_nspawn_left_in_the_host_root(tmp_path):
             os.waitpid(pid, 0)
         other.kill()
         other.wait()
+
+
+def test_a_hosts_root_is_an_overlay_that_leaves_the_rootfs_alone(tmp_path, monkeypatch):
+    """What a host writes lands in its upper directory; the rootfs (the lower layer) is
+    unchanged, a second mount is a no-op, and rebuilding the rootfs is refused while mounted."""
+    lower = tmp_path / "rootfs"
+    (lower / "etc").mkdir(parents=True)
+    (lower / "etc" / "hostname").write_text("rootfs\n")
+    monkeypatch.setattr(testhost, "ROOTFS", str(lower))
+    monkeypatch.setattr(testhost, "CACHE", str(tmp_path))  # its build lock
+    monkeypatch.setattr(testhost, "require_root_tools", lambda: None)
+    mdir = tmp_path / "machines" / "vd-unit-1"
+    root = testhost._mount_root(str(mdir))
+    try:
+        assert os.path.ismount(root)
+        assert testhost._mount_root(str(mdir)) == root
+        with open(os.path.join(root, "etc", "hostname"), "w") as f:
+            f.write("vd-unit-1\n")
+        os.unlink(os.path.join(root, "etc", "hostname"))
+        with open(os.path.join(root, "etc", "hostname"), "w") as f:
+            f.write("vd-unit-1\n")
+        assert (lower / "etc" / "hostname").read_text() == "rootfs\n"
+        assert (mdir / "upper" / "etc" / "hostname").read_text() == "vd-unit-1\n"
+        assert testhost._overlay_roots_on(str(lower)) == [root]
+        (lower / ".vd-rootfs-version").write_text("old\n")
+        with pytest.raises(testhost.HarnessError, match="test hosts run on it"):
+            testhost.build_rootfs()
+    finally:
+        testhost._unmount_root(str(mdir))
+    assert not os.path.ismount(root) and testhost._overlay_roots_on(str(lower)) == []
+    testhost._unmount_root(str(mdir))  # not mounted: nothing to do
