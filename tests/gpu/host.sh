@@ -160,7 +160,10 @@ step_prepare() {
   [ -d "$HUBSITE/olah" ] || "$PY" -m pip install -q --no-index --no-compile --find-links "$EXTRAS/hub" \
     --target "$HUBSITE" olah==0.5.4 || return 1
   "$PY" tests/gpu/check.py make-model "$MODELS/llama-0.9b-dummy" || return 1
-  "$PY" tests/gpu/check.py make-arch tests/gpu/models/minimax-m2.5.json "$MODELS/minimax-m2.5-reduced" || return 1
+  # GPU_HOST_MINIMAX_LAYERS: the MiniMax-M2.5 cut's depth (the fixture's 4 by default, about
+  # 3.4 GiB of weights a layer: 24 layers are 84 GiB); a deeper cut puts more of each step on the GPU
+  "$PY" tests/gpu/check.py make-arch tests/gpu/models/minimax-m2.5.json "$MODELS/minimax-m2.5-reduced" \
+    ${GPU_HOST_MINIMAX_LAYERS:+--layers "$GPU_HOST_MINIMAX_LAYERS"} || return 1
   "$PY" tests/gpu/check.py make-arch tests/gpu/models/kimi-k2.5-text.json "$MODELS/kimi-k2.5-text-reduced" || return 1
   PYTHONPATH=$HUBSITE "$PY" tests/harness/hubserver.py stop --state-dir "$HUBSTATE" >/dev/null 2>&1
   rm -rf "$HUBSTATE"

@@ -143,7 +143,7 @@ class Search:
         self.results = {}  # id -> {'rounds': [...], ...}
         self.log = []
         self.measured_s = 0.0
-        self.not_measured = []  # [{'id', 'reason', 'layout', 'knobs'}] (screen)
+        self.not_measured = []  # [{'id', 'reason', 'layout', 'knobs'}] (screen, minutes budget)
         self.screening = None   # what screening decided (screen)
         self._serving = None
         self._stopped = False
@@ -160,7 +160,22 @@ class Search:
         schedule = halving_rounds(len(self.candidates), self.base_window_s, self.eta,
                                   self.max_rounds)
         self._halving(list(self.candidates), schedule, 0, t0)
+        self._list_unserved()
         return self.results
+
+    def _list_unserved(self):
+        """The candidates the minutes budget stopped before they were served, each listed in
+        ``not_measured`` with that reason: a ranking of the others must not read as if these
+        had been measured and lost."""
+        if not self._stopped:
+            return
+        listed = {n["id"] for n in self.not_measured}
+        for c in self.candidates:
+            if c["id"] not in self.results and c["id"] not in listed:
+                self.not_measured.append({
+                    "id": c["id"], "layout": c["layout"], "knobs": c["knobs"],
+                    "reason": "not measured (minutes budget of %s reached)"
+                              % self.budget.get("minutes")})
 
     # -- the two phases ----------------------------------------------------------------------
 

@@ -249,6 +249,17 @@ def test_minutes_budget_stops_the_search():
         return now[0]
     s, results, host = _search(RATES, budget={"minutes": 1}, clock=clock)
     assert len(host.calls) == 2 and "budget of 1 min reached" in s.log[-1]
+    # the four never served are listed with the reason, not left out of the report
+    served = {c[0] for c in host.calls}
+    assert set(results) == served
+    unserved = {n["id"]: n["reason"] for n in s.not_measured}
+    assert set(unserved) == set(RATES) - served and len(unserved) == 4
+    assert set(unserved.values()) == {"not measured (minutes budget of 1 reached)"}
+
+
+def test_a_search_within_its_minutes_lists_nothing_unmeasured():
+    s, results, host = _search(RATES, budget={"minutes": 60}, clock=lambda: 0.0)
+    assert set(results) == set(RATES) and s.not_measured == []
 
 
 def test_write_back_document_says_what_the_gate_compares():
