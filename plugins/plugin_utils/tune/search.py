@@ -172,10 +172,11 @@ class Search:
         listed = {n["id"] for n in self.not_measured}
         for c in self.candidates:
             if c["id"] not in self.results and c["id"] not in listed:
-                self.not_measured.append({
-                    "id": c["id"], "layout": c["layout"], "knobs": c["knobs"],
-                    "reason": "not measured (minutes budget of %s reached)"
-                              % self.budget.get("minutes")})
+                self.not_measured.append({"id": c["id"], "layout": c["layout"],
+                                          "knobs": c["knobs"], "reason": self._budget_reason()})
+
+    def _budget_reason(self):
+        return "not measured (minutes budget of %s reached)" % self.budget.get("minutes")
 
     # -- the two phases ----------------------------------------------------------------------
 
@@ -317,7 +318,7 @@ class Search:
     def _why_not(self, cand, default, winners, served, cap):
         dims = _dims(cand, default)
         if self._stopped:
-            return "not measured (minutes budget of %s reached)" % self.budget.get("minutes")
+            return self._budget_reason()
         if len(dims) == 1:
             return "not measured (budget: at most %s candidates)" % cap
         for knob, value in dims:
