@@ -143,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON: the host's vllm_service_profile_overrides, kept in every candidate")
     t.add_argument("--extra-args", dest="tune_extra_args",
                    help="the host's vllm_service_extra_args, e.g. '--load-format dummy'")
+    t.add_argument("--resume", metavar="JOURNAL",
+                   help="an earlier run's measurements.jsonl (or its report directory): what it "
+                        "measured is not served again; the default is measured again as the "
+                        "anchor")
     return ap
 
 
@@ -380,7 +384,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 weights_bytes=args.weights_bytes, profile_overrides=args.profile_overrides,
                 extra_args=shlex.split(args.tune_extra_args) if args.tune_extra_args else None,
                 expert_parallel=[x.lower() == "true" for x in _split(args.ep) or []] or None,
-                extravars=extravars,
+                extravars=extravars, resume=args.resume,
                 log=None if args.json or args.plan_only else (lambda m: err.print(_escape(m))))
             if args.json:
                 print(json.dumps(dict(doc), indent=2, default=str))

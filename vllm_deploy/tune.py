@@ -41,7 +41,7 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
          grid: bool = False, strategy: str = "auto", plan_only: bool = False, report_dir: Optional[str] = None,
          profile_overrides: Optional[Dict[str, Any]] = None,
          extra_args: Optional[List[str]] = None,
-         extravars: Optional[Dict[str, Any]] = None,
+         extravars: Optional[Dict[str, Any]] = None, resume: Optional[str] = None,
          on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
          log: Optional[Callable[[str], None]] = None) -> TuneResult:
     """Tune ``host`` of ``inventory``; returns the write-back document (see vllm_tune.yml).
@@ -55,6 +55,12 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
     (candidate, layout, knobs, window, levels, each level's sweep summary with its interval,
     the score, the seconds it took, the error of a failed serve), appended as it is taken, so
     a run stopped before its end keeps what it measured.
+    ``resume``: an earlier run's ``measurements.jsonl`` (or its report directory). The
+    candidates it measured successfully with the same profile, overrides, extra arguments,
+    lengths and SLO, at the window and levels this run would use, are not served again; vLLM's
+    defaults are measured again first, and each taken measurement's throughput is anchored on
+    them (scaled by the default's now/then ratio at each level, its interval widened by
+    both). The latencies stay as measured then.
     ``strategy``: ``screen`` (one knob changed from the default at a time, then the combination
     of the winners, then successive halving among the leaders), ``halving`` (successive halving
     over every candidate), ``grid`` (every candidate over every level with the longest window:
@@ -83,7 +89,8 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
         listen_host=listen_host, reference=reference, min_match=min_match,
         max_logprob_gap=max_logprob_gap, pinned=pinned, dummy_weights=dummy_weights,
         apply=apply, restore=restore, grid=grid, strategy=strategy,
-        profile_overrides=profile_overrides, extra_args=extra_args, extravars=extravars)
+        profile_overrides=profile_overrides, extra_args=extra_args, extravars=extravars,
+        resume=resume)
     inv_dir = inventory_dirs(inventory)[0]
     rdir = report_dir or tuner_mod.report_dir_for(inv_dir, host)
     journal = os.path.join(rdir, tuner_mod.JOURNAL_FILE)

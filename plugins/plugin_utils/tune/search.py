@@ -120,11 +120,13 @@ class Search:
     each round starts with the candidate still serving from the round before (no restart).
     ``clock()`` gives seconds (for the minutes budget); ``budget['candidates']`` caps the
     candidates the screen strategy serves (the other strategies get a list already cut).
+    ``recall(candidate, window_s, levels)``, when given, returns an earlier run's measurement
+    in ``measure``'s form (a resumed run) or None; a recalled candidate is not served.
     """
 
     def __init__(self, candidates, measure, levels, base_window_s=3.0, eta=2, max_rounds=3,
                  budget=None, clock=None, gate=None, strategy="halving", pinned=None,
-                 noise_floor=0.1):
+                 noise_floor=0.1, recall=None):
         self.candidates = list(candidates)
         self.measure = measure
         self.levels = sorted(levels)
@@ -140,6 +142,7 @@ class Search:
                             % (strategy,))
         self.pinned = set(pinned or [])
         self.noise_floor = noise_floor
+        self.recall = recall
         self.results = {}  # id -> {'rounds': [...], ...}
         self.log = []
         self.measured_s = 0.0
@@ -193,24 +196,29 @@ class Search:
             peak = prev[-1]["score"]["goodput_level"]
             per = peak // cand["layout"]["instances"] if peak else self.levels[0]
             levels = [lv for lv in self.levels if lv <= 2 * per] or self.levels[:1]
-        m = self.measure(cand, window, levels)
-        self._serving = cand
-        self.measured_s += m.get("elapsed_s") or 0.0
+        m = self.recall(cand, window, levels) if self.recall else None
+        if m is None:
+            m = self.measure(cand, window, levels)
+            self._serving = cand
+            self.measured_s += m.get("elapsed_s") or 0.0
         res = self.results.setdefault(cand["id"], {"candidate": cand, "rounds": []})
         lay = cand["layout"]
         gpus = max(1, lay["tensor_parallel"] * lay["data_parallel"] * lay["instances"])
         res["rounds"].append({"round": rnd + 1, "window_s": window, "levels": levels,
                               "sweep": m["levels"], "score": score(m["levels"], gpus),
                               "elapsed_s": m.get("elapsed_s")})
+        if m.get("resumed"):
+            res["rounds"][-1]["resumed"] = True
         if m.get("correctness") is not None and "correctness" not in res:
             res["correctness"] = m["correctness"]
             if self.gate:
                 res["gate"] = self.gate(cand, m["correctness"])
         if m.get("error"):
             res["error"] = m["error"]
-        self.log.append("round %d: %s -> goodput %.1f tok/s (window %.1fs, levels %s)"
+        self.log.append("round %d: %s -> goodput %.1f tok/s (window %.1fs, levels %s)%s"
                         % (rnd + 1, cand["id"], res["rounds"][-1]["score"]["goodput_tok_s"],
-                           window, levels))
+                           window, levels, " (from the resumed journal)" if m.get("resumed")
+                           else ""))
         return True
 
     def _halving(self, alive, schedule, offset, t0):

@@ -31,6 +31,7 @@ from ansible_collections.vllm_ops.deploy.plugins.module_utils.service.vllm_corre
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.settings import check_levels
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.service.profiles import (
     load_profile)
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.tune import journal as jr
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.tune import report as rep
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.tune import search as vt
 
@@ -53,7 +54,7 @@ DEFAULTS = {
     "port": 8000, "listen_host": None, "reference": None, "min_match": 0.9,
     "max_logprob_gap": None, "pinned": None, "dummy_weights": False, "apply": False,
     "restore": True, "grid": False, "strategy": "auto", "profile_overrides": None,
-    "extra_args": None, "extravars": None,
+    "extra_args": None, "extravars": None, "resume": None,
 }
 
 
@@ -70,6 +71,7 @@ class Tuner(object):
         self.o = dict(DEFAULTS, **settings)
         self.started_units = set()
         self.runs, self.points, self.outputs, self.ref = [], {}, {}, {}
+        self.resumed = None
         self.prepare()
 
     # --- what would be measured --------------------------------------------------------
@@ -138,6 +140,27 @@ class Tuner(object):
         self.say("%d candidates (%d not measured: budget), %d layouts refused"
                  % (len(self.cands), len(self.dropped), len(self.refused)))
         self.grid = self.strategy == "grid"
+        if o["resume"] is not None:
+            if not isinstance(o["resume"], str) or not o["resume"]:
+                raise TuneError("resume must be the path of an earlier run's measurement journal "
+                                "(or its report directory), got %r" % (o["resume"],))
+            dflt = next((c for c in self.cands if c.get("default")), None)
+            if dflt is None:
+                raise TuneError("resume: vLLM's defaults are not among the candidates, so "
+                                "nothing can anchor the journal's measurements")
+            if o["reference"] not in (None, dflt["id"]):
+                raise TuneError("resume: the reference must be the default (%s), got %r: the "
+                                "default is measured first" % (dflt["id"], o["reference"]))
+            self.resumed = jr.Resumed(o["resume"], self.cands, self.settings(), self.say)
+
+    def settings(self):
+        """The settings a measurement depends on besides its candidate, window and levels
+        (journal.SETTINGS): a journal written with others cannot be resumed."""
+        o = self.o
+        return {"profile": self.profile, "input_len": o["input_len"],
+                "output_len": o["output_len"], "slo": self.slo,
+                "profile_overrides": o["profile_overrides"] or None,
+                "extra_args": list(o["extra_args"] or []) or None}
 
     def plan(self):
         """What would be measured and what the planner refuses; nothing runs."""
@@ -193,6 +216,8 @@ class Tuner(object):
             self._record(cand, run, None, None)
             return {"levels": [], "elapsed_s": elapsed, "error": why[:500], "correctness": None}
         combined = vt.combine_instances(m["levels"])
+        if self.resumed is not None and cand.get("default"):
+            self.resumed.measured_default(window, lv, combined)
         lay = cand["layout"]
         self.points[cand["id"]] = (lay["tensor_parallel"] * lay["data_parallel"]
                                    * lay["instances"], combined)
@@ -209,21 +234,43 @@ class Tuner(object):
         self.say("%s window %.1fs levels %s: goodput %.1f tok/s at C=%s (%.0fs%s)"
                  % (cand["id"], window, lv, sc["goodput_tok_s"], sc["goodput_level"], elapsed,
                     split))
-        self._record(cand, run, sc, combined)
+        self._record(cand, run, sc, combined, outs)
         return {"levels": combined, "elapsed_s": elapsed, "correctness": outs}
 
-    def _record(self, cand, run, sc, combined):
+    def recall(self, cand, window, lv):
+        """A resumed run: the journal's measurement of ``cand`` (anchored on the default
+        measured in this run), or None when it must be served."""
+        m = self.resumed.recall(cand, window, lv) if self.resumed is not None else None
+        if m is None:
+            return None
+        anchor = m["resumed"]["anchor"]
+        lay = cand["layout"]
+        self.points[cand["id"]] = (lay["tensor_parallel"] * lay["data_parallel"]
+                                   * lay["instances"], m["levels"])
+        self.outputs.setdefault(cand["id"], m["correctness"])
+        self.runs.append({"candidate": cand["id"], "window_s": window, "levels": lv,
+                          "elapsed_s": m["elapsed_s"], "rc": 0,
+                          "resumed_from": self.resumed.path,
+                          "measured_at": m["resumed"]["measured_at"],
+                          "anchor_factor": anchor["overall"]["factor"] if anchor else None})
+        sc = vt.score(m["levels"])
+        self.say("%s window %.1fs levels %s: goodput %.1f tok/s at C=%s (from the journal, "
+                 "measured %s; %s%s)" % (
+                     cand["id"], window, lv, sc["goodput_tok_s"], sc["goodput_level"],
+                     m["resumed"]["measured_at"],
+                     ("anchored on the default: x%.3f" % anchor["overall"]["factor"]) if anchor
+                     else "not anchored: the journal has no default measured with this window "
+                          "and these levels",
+                     "" if m["correctness"] is not None else "; no outputs in the journal, "
+                     "correctness not checked"))
+        return m
+
+    def _record(self, cand, run, sc, combined, outputs=None):
         """Append one measurement to the journal at once, so that a run stopped before its end
-        (interrupted, out of time) keeps what it measured; the write-back summarises them."""
-        if not self.journal:
-            return
-        line = dict(run, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    layout=cand["layout"], knobs=cand.get("knobs"), score=sc, sweep=combined)
-        os.makedirs(os.path.dirname(self.journal) or ".", exist_ok=True)
-        with open(self.journal, "a") as f:
-            f.write(json.dumps(line, sort_keys=True, default=str) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        (interrupted, out of time) keeps what it measured, and a later run can resume from it;
+        the write-back summarises them."""
+        if self.journal:
+            jr.append(self.journal, jr.record(cand, run, sc, combined, outputs, self.settings()))
 
     def gate(self, cand, outs):
         """The correctness gate: ``cand``'s outputs against the reference's."""
@@ -262,6 +309,8 @@ class Tuner(object):
         (the write-back document, the Pareto points, the winner's instances or None)."""
         o = self.o
         order = list(self.cands)
+        if self.resumed is not None:  # the default first: the journal's anchor
+            order.sort(key=lambda c: not c.get("default"))
         if o["reference"] is not None:
             named = [c for c in order if c["id"] == o["reference"]]
             if not named:
@@ -275,13 +324,13 @@ class Tuner(object):
                 search = vt.Search(order, self.measure, self.levels,
                                    base_window_s=o["base_window_s"] * o["eta"] ** (o["max_rounds"] - 1),
                                    eta=o["eta"], max_rounds=1, budget=self.budget, clock=time.time,
-                                   gate=self.gate)
+                                   gate=self.gate, recall=self.recall)
             else:
                 search = vt.Search(order, self.measure, self.levels,
                                    base_window_s=o["base_window_s"], eta=o["eta"],
                                    max_rounds=o["max_rounds"], budget=self.budget,
                                    clock=time.time, gate=self.gate, strategy=self.strategy,
-                                   pinned=o["pinned"])
+                                   pinned=o["pinned"], recall=self.recall)
             results = search.run()
             decision_s = round(time.time() - t_start, 1)
             table, decision = vt.rank(results)
@@ -301,7 +350,8 @@ class Tuner(object):
                     "strategy_reason": self.strategy_reason, "screening": search.screening,
                     "candidates_served": len(results), "reference": self.ref.get("id"),
                     "levels": self.levels, "base_window_s": o["base_window_s"], "eta": o["eta"],
-                    "max_rounds": o["max_rounds"]}
+                    "max_rounds": o["max_rounds"],
+                    "resumed": self.resumed.evidence() if self.resumed is not None else None}
         doc = vt.tune_document(self.host, self.slo, self.budget,
                                [{"id": r["id"], "reasons": r["reasons"]} for r in self.refused],
                                not_measured, table, decision, vs, evidence,
@@ -310,7 +360,7 @@ class Tuner(object):
         return doc, rep.pareto_points(self.points), final_insts
 
 
-JOURNAL_FILE = "measurements.jsonl"
+JOURNAL_FILE = jr.JOURNAL_FILE
 
 
 def report_dir_for(inventory_dir, host):

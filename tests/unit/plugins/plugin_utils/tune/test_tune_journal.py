@@ -1,0 +1,147 @@
+"""The tuner's measurement journal read back (plugins/plugin_utils/tune/journal.py) and a run
+resumed from it (tuner.py): what the journal measured is not served again, the default is
+measured again first, and each taken measurement is anchored on it. The plays here answer in
+the tune playbook's real fact shape (one list of level summaries per instance)."""
+import json
+
+import pytest
+
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.tune import journal as jr
+from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.tune.tuner import (
+    TuneError, Tuner)
+
+KNOBS = {"max-num-seqs": [16, 64]}
+SETTINGS = dict(slo_class="mlperf-server", knobs=KNOBS, grid=True, budget_candidates=3,
+                levels=[2], base_window_s=4.0, max_rounds=1)
+
+
+def level(tok_s, half=3.0, c=2):
+    return {"concurrency": c, "output_tok_s": tok_s, "total_tok_s": 2 * tok_s,
+            "request_s": tok_s / 32.0, "slo": {"met": True}, "ttft_ms": {"p99": 40.0},
+            "goodput": {"output_tok_s": tok_s, "request_s": tok_s / 32.0},
+            "precision": {"output_tok_s": {"value": tok_s, "ci_low": tok_s - half,
+                                           "ci_high": tok_s + half, "se": half / 2}}}
+
+
+def player(rates, served):
+    """A play that serves and measures: each candidate's rate by its max-num-seqs."""
+    def play(extravars):
+        if extravars.get("vllm_tune_measure") is False:  # the restore at the end
+            return {"rc": 0, "facts": {}}
+        inst = extravars["vllm_service_instances"][0]
+        seqs = next((a for a in inst.get("extra_args") or [] if a.isdigit()), None)
+        served.append(seqs)
+        rate = rates[seqs]
+        return {"rc": 0, "facts": {"vllm_tune_measurement": {
+            "levels": [[level(rate)]], "measure_s": 1.0,
+            "correctness": [{"prompt": "p", "token_ids": [1, 2, 3],
+                             "top1_logprobs": [-0.1, -0.2, -0.3]}]}}}
+    return play
+
+
+def stopped_journal(tmp_path, rates, n):
+    """The journal of a grid stopped after its first ``n`` candidates."""
+    path = tmp_path / "first" / jr.JOURNAL_FILE
+    served = []
+    t = Tuner("h1", "cpu-tiny", player(rates, served), journal=str(path), **SETTINGS)
+    for cand in t.cands[:n]:
+        t.measure(cand, 4.0, [2])
+    return path, t.cands
+
+
+def test_a_resumed_grid_serves_only_what_the_journal_lacks_and_anchors_on_the_default(tmp_path):
+    then = {None: 100.0, "16": 90.0, "64": 120.0}
+    path, cands = stopped_journal(tmp_path, then, 2)
+    assert [c.get("default") for c in cands[:1]] == [True]
+    # the host is slower now: every candidate at 80 % of its earlier rate
+    now = dict((k, 0.8 * v) for k, v in then.items())
+    served = []
+    t = Tuner("h1", "cpu-tiny", player(now, served), journal=str(tmp_path / "second.jsonl"),
+              resume=str(path.parent), **SETTINGS)
+    doc, _points, _final = t.run()
+    seqs = [None if c.get("default") else str(c["knobs"]["max-num-seqs"]) for c in cands]
+    # the default again (the anchor), then the one candidate the journal lacks
+    assert served == [None, seqs[2]]
+    ranked = dict((r["id"], r) for r in doc["ranked"])
+    taken = cands[1]["id"]
+    was = then[seqs[1]]
+    # anchored by the default's 80/100: what it would measure now
+    assert ranked[taken]["goodput_tok_s"] == pytest.approx(0.8 * was)
+    iv = ranked[taken]["interval"]
+    # its own +-3 widened by both defaults' +-3/100 and +-3/80 in quadrature
+    half = 0.8 * was * ((3 / was) ** 2 + (3 / 100.0) ** 2 + (3 / 80.0) ** 2) ** 0.5
+    assert iv == [pytest.approx(0.8 * was - half, abs=1e-3),
+                  pytest.approx(0.8 * was + half, abs=1e-3)]
+    assert doc["winner"]["id"] == cands[max(range(3), key=lambda i: then[seqs[i]])]["id"]
+    res = doc["evidence"]["resumed"]
+    assert res["candidates"] == [taken] and res["from"] == str(path)
+    assert res["anchors"][taken]["levels"][2]["factor"] == pytest.approx(0.8)
+    run = next(r for r in doc["evidence"]["runs"] if r["candidate"] == taken)
+    assert run["resumed_from"] == str(path) and run["anchor_factor"] == pytest.approx(0.8)
+    # the new journal holds only what this run measured
+    recs = [json.loads(x) for x in (tmp_path / "second.jsonl").read_text().splitlines()]
+    assert [r["candidate"] for r in recs] == [cands[0]["id"], cands[2]["id"]]
+    assert recs[0]["settings"]["input_len"] == 32 and recs[0]["outputs"]
+
+
+def test_the_journal_of_other_settings_is_refused_naming_the_setting(tmp_path):
+    path, _c = stopped_journal(tmp_path, {None: 100.0, "16": 90.0, "64": 120.0}, 2)
+    with pytest.raises(TuneError) as e:
+        Tuner("h1", "cpu-tiny", player({}, []), resume=str(path), **dict(SETTINGS, input_len=64))
+    assert "resume: " in str(e.value) and "input_len=32, this run has input_len=64" in str(e.value)
+
+
+def test_a_cut_last_line_is_left_out_and_a_bad_line_elsewhere_is_an_error(tmp_path):
+    path, _c = stopped_journal(tmp_path, {None: 100.0, "16": 90.0, "64": 120.0}, 2)
+    good = path.read_text()
+    path.write_text(good + good.splitlines()[0][:40])  # killed while writing a third line
+    fpath, recs, notes = jr.read(str(path))
+    assert len(recs) == 2 and "cut short" in notes[0]
+    path.write_text("{not json\n" + good)
+    with pytest.raises(TuneError, match="resume: line 1 of .* is not a measurement record"):
+        jr.read(str(path))
+    with pytest.raises(TuneError, match="resume: no measurement journal at"):
+        jr.read(str(tmp_path / "nowhere"))
+
+
+def test_failed_and_foreign_records_are_served_again(tmp_path):
+    path, cands = stopped_journal(tmp_path, {None: 100.0, "16": 90.0, "64": 120.0}, 3)
+    recs = [json.loads(x) for x in path.read_text().splitlines()]
+    recs[1]["rc"], recs[1]["score"] = 2, None           # failed then: served again
+    recs[2]["knobs"] = {"max-num-seqs": 128}             # another candidate: ignored
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    said, served = [], []
+    t = Tuner("h1", "cpu-tiny", player({None: 100.0, "16": 90.0, "64": 120.0}, served),
+              resume=str(path), log=said.append, **SETTINGS)
+    t.run()
+    assert served == [None] + [str(c["knobs"]["max-num-seqs"]) for c in cands[1:]]
+    assert any("left out (failed)" in s for s in said)
+    assert any("left out (other candidates)" in s for s in said)
+
+
+def test_an_older_journal_without_settings_or_outputs_is_taken_and_says_so(tmp_path):
+    path, cands = stopped_journal(tmp_path, {None: 100.0, "16": 90.0, "64": 120.0}, 2)
+    recs = [json.loads(x) for x in path.read_text().splitlines()]
+    for r in recs:
+        r.pop("settings")
+        r.pop("outputs")
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    said, served = [], []
+    t = Tuner("h1", "cpu-tiny", player({None: 100.0, "16": 90.0, "64": 120.0}, served),
+              resume=str(path), log=said.append, **SETTINGS)
+    doc, _p, _f = t.run()
+    assert served == [None, str(cands[2]["knobs"]["max-num-seqs"])]
+    assert any("do not record their settings" in s for s in said)
+    assert any("correctness not checked" in s for s in said)
+    row = next(r for r in doc["ranked"] if r["id"] == cands[1]["id"])
+    was = {"16": 90.0, "64": 120.0}[str(cands[1]["knobs"]["max-num-seqs"])]
+    assert row["goodput_tok_s"] == pytest.approx(was) and row["correctness"] is None
+
+
+def test_resume_needs_the_default_as_reference(tmp_path):
+    path, cands = stopped_journal(tmp_path, {None: 100.0, "16": 90.0, "64": 120.0}, 1)
+    with pytest.raises(TuneError, match="resume: the reference must be the default"):
+        Tuner("h1", "cpu-tiny", player({}, []), resume=str(path), reference=cands[1]["id"],
+              **SETTINGS)
+    with pytest.raises(TuneError, match="resume must be the path"):
+        Tuner("h1", "cpu-tiny", player({}, []), resume="", **SETTINGS)
