@@ -36,6 +36,7 @@
 #   tests/gpu/host.sh wait NAME SECONDS  wait at most SECONDS for `bg NAME`, print its log's tail;
 #                                       once it ended, its files and exit status come into $OUT
 #   tests/gpu/host.sh collect           logs, journal, write-back, unit files into $OUT
+#   tests/gpu/host.sh unitlog [INST]    the journal of vllm-INST.service (main), gzipped, into $OUT
 #   tests/gpu/host.sh stop              stop the host
 #
 # State lives in /var/tmp/vd-gpu (not /tmp: the host gets a /tmp of its own); it survives between
@@ -505,6 +506,12 @@ step_wait() { # step_wait NAME SECONDS
   return 124
 }
 
+step_unitlog() { # step_unitlog [INSTANCE]: the instance's journal, times to the microsecond
+  local u=vllm-${1:-main}.service
+  ssh_host journalctl -u "$u" --no-pager -o short-iso-precise | gzip > "$OUTD/unit-${1:-main}.log.gz"
+  log "unitlog: $u, $(zcat "$OUTD/unit-${1:-main}.log.gz" | wc -l) lines"
+}
+
 step_stop() {
   local pid
   for pid in $(pgrep -f "systemd-nspawn --boot --register=no --keep-unit -D $MNT" 2>/dev/null); do kill "$pid"; done
@@ -524,6 +531,7 @@ case ${1:-} in
   sleep) step_sleep ;;
   sleep-bare) step_sleep_bare ;;
   collect) step_collect ;;
+  unitlog) step_unitlog "$2" ;;
   stop) step_stop ;;
   bg) shift; step_bg "$@" ;;
   wait) step_wait "$2" "$3" ;;
