@@ -143,10 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON: the host's vllm_service_profile_overrides, kept in every candidate")
     t.add_argument("--extra-args", dest="tune_extra_args",
                    help="the host's vllm_service_extra_args, e.g. '--load-format dummy'")
-    t.add_argument("--resume", metavar="JOURNAL",
-                   help="an earlier run's measurements.jsonl (or its report directory): what it "
-                        "measured is not served again; the default is measured again as the "
-                        "anchor")
+    t.add_argument("--resume", metavar="JOURNAL", action="append",
+                   help="an earlier run's measurements.jsonl (or its report directory; "
+                        "repeatable): what it measured is not served again; the default is "
+                        "measured again as the anchor")
     return ap
 
 

@@ -8,7 +8,7 @@ ansible-runner, and the result is written back into the inventory.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from .collection import plugin_module
 from .errors import UsageError, VllmDeployError
@@ -41,7 +41,8 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
          grid: bool = False, strategy: str = "auto", plan_only: bool = False, report_dir: Optional[str] = None,
          profile_overrides: Optional[Dict[str, Any]] = None,
          extra_args: Optional[List[str]] = None,
-         extravars: Optional[Dict[str, Any]] = None, resume: Optional[str] = None,
+         extravars: Optional[Dict[str, Any]] = None,
+         resume: Optional[Union[str, List[str]]] = None,
          on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
          log: Optional[Callable[[str], None]] = None) -> TuneResult:
     """Tune ``host`` of ``inventory``; returns the write-back document (see vllm_tune.yml).
@@ -55,12 +56,13 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
     (candidate, layout, knobs, window, levels, each level's sweep summary with its interval,
     the score, the seconds it took, the error of a failed serve), appended as it is taken, so
     a run stopped before its end keeps what it measured.
-    ``resume``: an earlier run's ``measurements.jsonl`` (or its report directory). The
-    candidates it measured successfully with the same profile, overrides, extra arguments,
-    lengths and SLO, at the window and levels this run would use, are not served again; vLLM's
-    defaults are measured again first, and each taken measurement's throughput is anchored on
-    them (scaled by the default's now/then ratio at each level, its interval widened by
-    both). The latencies stay as measured then.
+    ``resume``: earlier runs' ``measurements.jsonl`` (a path or a list; a report directory
+    will do). The candidates they measured successfully with the same profile, overrides,
+    extra arguments, lengths and SLO, at the window and levels this run would use, are not
+    served again (the latest measurement where several journals have one); vLLM's defaults are
+    measured again first, and each taken measurement's throughput is anchored on them (scaled
+    by the ratio of the default now to the default in its own journal at each level, its
+    interval widened by both). The latencies stay as measured then.
     ``strategy``: ``screen`` (one knob changed from the default at a time, then the combination
     of the winners, then successive halving among the leaders), ``halving`` (successive halving
     over every candidate), ``grid`` (every candidate over every level with the longest window:

@@ -135,49 +135,57 @@ def anchored(sweep, factors, overall):
 
 
 class Resumed(object):
-    """What a resumed run takes from an earlier run's journal.
+    """What a resumed run takes from earlier runs' journals (``paths``: one or more, each a
+    journal or its report directory).
 
     ``candidates``: this run's; a record is used for the candidate with its id, layout and
     knobs when it succeeded (rc 0, a score) and was measured with the same settings; failed
-    records are served again. ``settings``: this run's SETTINGS values. The default's record is
-    kept aside as the anchor (the default itself is always measured again)."""
+    records are served again. Where several journals measured a candidate, the latest
+    measurement is taken. ``settings``: this run's SETTINGS values. Each journal's own default
+    record is its anchor (the default itself is always measured again)."""
 
-    def __init__(self, path, candidates, settings, say=None):
+    def __init__(self, paths, candidates, settings, say=None):
         say = say or (lambda msg: None)
-        self.path, recs, notes = read(path)
-        for n in notes:
-            say("resume: %s" % n)
+        if isinstance(paths, str):
+            paths = [paths]
         by_id = dict((c["id"], c) for c in candidates)
         default = next((c for c in candidates if c.get("default")), None)
         self.default_id = default["id"] if default else None
-        self.records, self.default_then = {}, {}
+        self.paths, self.records, self.default_then = [], {}, {}
         ignored = {"other candidates": 0, "failed": 0}
         unchecked = 0
-        for rec in recs:
-            cand = by_id.get(rec.get("candidate"))
-            if cand is None or rec.get("layout") != cand["layout"] or \
-                    (rec.get("knobs") or {}) != (cand.get("knobs") or {}):
-                ignored["other candidates"] += 1
-                continue
-            if rec.get("rc") != 0 or not rec.get("score"):
-                ignored["failed"] += 1
-                continue
-            theirs = rec.get("settings")
-            if theirs is None:
-                unchecked += 1
-            else:
-                for k in SETTINGS:
-                    if theirs.get(k) != settings.get(k):
-                        raise TuneError(
-                            "resume: %s was measured with %s=%s, this run has %s=%s: its "
-                            "measurements are not comparable" % (
-                                self.path, k, json.dumps(theirs.get(k), sort_keys=True), k,
-                                json.dumps(settings.get(k), sort_keys=True)))
-            key = (rec["candidate"], float(rec.get("window_s") or 0), tuple(rec.get("levels") or ()))
-            if cand is default:
-                self.default_then.setdefault(key[1:], rec)
-            else:
-                self.records.setdefault(key, rec)
+        for src, path in enumerate(paths):
+            fpath, recs, notes = read(path)
+            self.paths.append(fpath)
+            for n in notes:
+                say("resume: %s: %s" % (fpath, n))
+            for rec in recs:
+                cand = by_id.get(rec.get("candidate"))
+                if cand is None or rec.get("layout") != cand["layout"] or \
+                        (rec.get("knobs") or {}) != (cand.get("knobs") or {}):
+                    ignored["other candidates"] += 1
+                    continue
+                if rec.get("rc") != 0 or not rec.get("score"):
+                    ignored["failed"] += 1
+                    continue
+                theirs = rec.get("settings")
+                if theirs is None:
+                    unchecked += 1
+                else:
+                    for k in SETTINGS:
+                        if theirs.get(k) != settings.get(k):
+                            raise TuneError(
+                                "resume: %s was measured with %s=%s, this run has %s=%s: its "
+                                "measurements are not comparable" % (
+                                    fpath, k, json.dumps(theirs.get(k), sort_keys=True), k,
+                                    json.dumps(settings.get(k), sort_keys=True)))
+                key = (float(rec.get("window_s") or 0), tuple(rec.get("levels") or ()))
+                if cand is default:
+                    self.default_then.setdefault((src,) + key, rec)
+                    continue
+                have = self.records.get((rec["candidate"],) + key)
+                if have is None or (rec.get("time") or "") >= (have[1].get("time") or ""):
+                    self.records[(rec["candidate"],) + key] = (src, rec)
         for why, n in sorted(ignored.items()):
             if n:
                 say("resume: %d journal measurement(s) left out (%s): served again if "
@@ -186,23 +194,24 @@ class Resumed(object):
             say("resume: %d journal measurement(s) do not record their settings (an older "
                 "journal): their profile, lengths and SLO are taken to be this run's" % unchecked)
         self.now = {}       # (window, levels) -> the default's sweep measured in this run
-        self.used = []      # [{'candidate', 'elapsed_s', 'anchor'}]
+        self.used = []      # [{'candidate', 'from', 'elapsed_s', 'measured_at', 'anchor'}]
         say("resume: %d measurement(s) of %s taken from %s; vLLM's defaults are measured again "
             "as the anchor" % (len(self.records), "candidate" if len(self.records) == 1
-                               else "candidates", self.path))
+                               else "candidates", ", ".join(self.paths)))
 
     def measured_default(self, window, levels, sweep):
         """The default was measured in this run with ``window`` and ``levels``: the anchor."""
         self.now.setdefault((float(window), tuple(levels)), sweep)
 
     def recall(self, cand, window, levels):
-        """The journal's measurement of ``cand`` at ``window`` and ``levels``, anchored on the
+        """The journals' measurement of ``cand`` at ``window`` and ``levels``, anchored on the
         default (None: serve it): {'levels', 'elapsed_s', 'correctness', 'resumed'}."""
         key = (float(window), tuple(levels))
-        rec = self.records.get((cand["id"],) + key)
-        if rec is None or cand.get("default"):
+        hit = self.records.get((cand["id"],) + key)
+        if hit is None or cand.get("default"):
             return None
-        then, now = self.default_then.get(key), self.now.get(key)
+        src, rec = hit
+        then, now = self.default_then.get((src,) + key), self.now.get(key)
         anchor = None
         sweep = rec.get("sweep") or []
         if then is not None and now is not None:
@@ -214,13 +223,15 @@ class Resumed(object):
                        "then": t_good, "now": n_good, "rel_half": None}
             sweep = anchored(sweep, factors, overall)
             anchor = {"default": self.default_id, "levels": factors, "overall": overall}
-        used = {"candidate": cand["id"], "elapsed_s": rec.get("elapsed_s"),
-                "measured_at": rec.get("time"), "anchor": anchor}
+        used = {"candidate": cand["id"], "from": self.paths[src],
+                "elapsed_s": rec.get("elapsed_s"), "measured_at": rec.get("time"),
+                "anchor": anchor}
         self.used.append(used)
         return {"levels": sweep, "elapsed_s": rec.get("elapsed_s") or 0.0,
                 "correctness": rec.get("outputs"), "resumed": used}
 
     def evidence(self):
-        return {"from": self.path, "candidates": [u["candidate"] for u in self.used],
+        return {"from": self.paths, "candidates": [u["candidate"] for u in self.used],
                 "seconds_then": round(sum(u["elapsed_s"] or 0.0 for u in self.used), 1),
-                "anchors": dict((u["candidate"], u["anchor"]) for u in self.used)}
+                "taken": dict((u["candidate"], {"from": u["from"], "anchor": u["anchor"]})
+                              for u in self.used)}

@@ -141,9 +141,11 @@ class Tuner(object):
                  % (len(self.cands), len(self.dropped), len(self.refused)))
         self.grid = self.strategy == "grid"
         if o["resume"] is not None:
-            if not isinstance(o["resume"], str) or not o["resume"]:
-                raise TuneError("resume must be the path of an earlier run's measurement journal "
-                                "(or its report directory), got %r" % (o["resume"],))
+            paths = [o["resume"]] if isinstance(o["resume"], str) else o["resume"]
+            if not isinstance(paths, (list, tuple)) or not paths or \
+                    not all(isinstance(p, str) and p for p in paths):
+                raise TuneError("resume must be the path(s) of earlier runs' measurement journals "
+                                "(or their report directories), got %r" % (o["resume"],))
             dflt = next((c for c in self.cands if c.get("default")), None)
             if dflt is None:
                 raise TuneError("resume: vLLM's defaults are not among the candidates, so "
@@ -151,7 +153,7 @@ class Tuner(object):
             if o["reference"] not in (None, dflt["id"]):
                 raise TuneError("resume: the reference must be the default (%s), got %r: the "
                                 "default is measured first" % (dflt["id"], o["reference"]))
-            self.resumed = jr.Resumed(o["resume"], self.cands, self.settings(), self.say)
+            self.resumed = jr.Resumed(paths, self.cands, self.settings(), self.say)
 
     def settings(self):
         """The settings a measurement depends on besides its candidate, window and levels
@@ -250,7 +252,7 @@ class Tuner(object):
         self.outputs.setdefault(cand["id"], m["correctness"])
         self.runs.append({"candidate": cand["id"], "window_s": window, "levels": lv,
                           "elapsed_s": m["elapsed_s"], "rc": 0,
-                          "resumed_from": self.resumed.path,
+                          "resumed_from": m["resumed"]["from"],
                           "measured_at": m["resumed"]["measured_at"],
                           "anchor_factor": anchor["overall"]["factor"] if anchor else None})
         sc = vt.score(m["levels"])

@@ -74,8 +74,8 @@ def test_a_resumed_grid_serves_only_what_the_journal_lacks_and_anchors_on_the_de
                   pytest.approx(0.8 * was + half, abs=1e-3)]
     assert doc["winner"]["id"] == cands[max(range(3), key=lambda i: then[seqs[i]])]["id"]
     res = doc["evidence"]["resumed"]
-    assert res["candidates"] == [taken] and res["from"] == str(path)
-    assert res["anchors"][taken]["levels"][2]["factor"] == pytest.approx(0.8)
+    assert res["candidates"] == [taken] and res["from"] == [str(path)]
+    assert res["taken"][taken]["anchor"]["levels"][2]["factor"] == pytest.approx(0.8)
     run = next(r for r in doc["evidence"]["runs"] if r["candidate"] == taken)
     assert run["resumed_from"] == str(path) and run["anchor_factor"] == pytest.approx(0.8)
     # the new journal holds only what this run measured
@@ -145,3 +145,28 @@ def test_resume_needs_the_default_as_reference(tmp_path):
               **SETTINGS)
     with pytest.raises(TuneError, match="resume must be the path"):
         Tuner("h1", "cpu-tiny", player({}, []), resume="", **SETTINGS)
+
+
+def test_two_journals_each_anchored_on_its_own_default(tmp_path):
+    """A run resumed twice: the first journal's candidate is scaled by the default's 100 -> 50,
+    the second's by 40 -> 50, and only the third candidate is served."""
+    rates = {None: 100.0, "16": 90.0, "64": 120.0}
+    first, cands = stopped_journal(tmp_path, rates, 2)
+    seqs = [None if c.get("default") else str(c["knobs"]["max-num-seqs"]) for c in cands]
+    second = tmp_path / "second" / jr.JOURNAL_FILE
+    t = Tuner("h1", "cpu-tiny", player(dict((k, 0.4 * v) for k, v in rates.items()), []),
+              journal=str(second), **SETTINGS)
+    t.measure(cands[0], 4.0, [2])
+    t.measure(cands[2], 4.0, [2])
+    served = []
+    t = Tuner("h1", "cpu-tiny", player(dict((k, 0.5 * v) for k, v in rates.items()), served),
+              resume=[str(first), str(second.parent)], **SETTINGS)
+    doc, _p, _f = t.run()
+    assert served == [None]
+    ranked = dict((r["id"], r) for r in doc["ranked"])
+    for i in (1, 2):
+        assert ranked[cands[i]["id"]]["goodput_tok_s"] == pytest.approx(0.5 * rates[seqs[i]])
+    taken = doc["evidence"]["resumed"]["taken"]
+    assert taken[cands[1]["id"]]["from"] == str(first)
+    assert taken[cands[2]["id"]]["from"] == str(second)
+    assert taken[cands[2]["id"]]["anchor"]["overall"]["factor"] == pytest.approx(1.25)
