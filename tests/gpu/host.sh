@@ -531,7 +531,7 @@ case ${1:-} in
   sleep) step_sleep ;;
   sleep-bare) step_sleep_bare ;;
   collect) step_collect ;;
-  unitlog) step_unitlog "$2" ;;
+  unitlog) step_unitlog "${2:-}" ;;
   stop) step_stop ;;
   bg) shift; step_bg "$@" ;;
   wait) step_wait "$2" "$3" ;;

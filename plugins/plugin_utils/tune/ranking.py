@@ -137,17 +137,21 @@ def _reason(v):
         v.get("ratio"), v.get("verdict"), 100 * (v.get("noise") or 0))
 
 
-def rank(results, default_noise=0.1):
+def rank(results, default_noise=0.1, noise_floor=None):
     """The ranked table: qualified candidates by their latest (longest-window) goodput, then
     the disqualified ones. Noise per candidate = the spread of its goodput over rounds (window
     length normalised away by rates), at least ``default_noise`` when it has one round. The
     winner must beat the runner-up beyond the larger of the two noises; otherwise it is a tie
-    and the simpler/cheaper candidate of the tied group wins."""
+    and the simpler/cheaper candidate of the tied group wins. ``noise_floor`` (the host's
+    drift over the run, measured on the default) is the least noise of every candidate: a
+    difference within it is a tie whatever the intervals say."""
     rows = []
     for cid, res in results.items():
         rounds = res["rounds"]
         goods = [r["score"]["goodput_tok_s"] for r in rounds]
         noise = spread(goods)
+        if noise_floor is not None:
+            noise = max(noise or 0.0, noise_floor)
         last = rounds[-1]["score"]
         gate = res.get("gate")
         reason = None

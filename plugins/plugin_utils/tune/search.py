@@ -122,11 +122,15 @@ class Search:
     candidates the screen strategy serves (the other strategies get a list already cut).
     ``recall(candidate, window_s, levels)``, when given, returns an earlier run's measurement
     in ``measure``'s form (a resumed run) or None; a recalled candidate is not served.
+    ``bracket`` (the grid): once every candidate is measured, the default is measured again
+    with the same window and levels, within the minutes budget; ``drift`` then holds both
+    goodputs and their relative spread, the host's own drift over the run, which the ranking
+    takes as the noise of every candidate measured once (:func:`rank`'s ``noise_floor``).
     """
 
     def __init__(self, candidates, measure, levels, base_window_s=3.0, eta=2, max_rounds=3,
                  budget=None, clock=None, gate=None, strategy="halving", pinned=None,
-                 noise_floor=0.1, recall=None):
+                 noise_floor=0.1, recall=None, bracket=False):
         self.candidates = list(candidates)
         self.measure = measure
         self.levels = sorted(levels)
@@ -143,6 +147,8 @@ class Search:
         self.pinned = set(pinned or [])
         self.noise_floor = noise_floor
         self.recall = recall
+        self.bracket = bracket
+        self.drift = None       # the default measured first and last (bracket)
         self.results = {}  # id -> {'rounds': [...], ...}
         self.log = []
         self.measured_s = 0.0
@@ -164,7 +170,39 @@ class Search:
                                   self.max_rounds)
         self._halving(list(self.candidates), schedule, 0, t0)
         self._list_unserved()
+        if self.bracket:
+            self._measure_default_again(t0)
         return self.results
+
+    def _measure_default_again(self, t0):
+        """The grid's bracket: the default measured again after every other candidate, with
+        its first round's window and levels; its first and last goodput give the drift."""
+        default = next((c for c in self.candidates if c.get("default")), None)
+        res = self.results.get(default["id"]) if default else None
+        if res is None or len(self.results) < 2 or not self._qualified(default["id"]) or \
+                self._serving is default:  # nothing was served after it
+            return
+        if self._over_budget(t0):
+            self.log.append("the default was not measured again: the minutes budget of %s "
+                            "was reached" % self.budget.get("minutes"))
+            return
+        first = res["rounds"][0]
+        m = self.measure(default, first["window_s"], first["levels"])
+        self._serving = default
+        self.measured_s += m.get("elapsed_s") or 0.0
+        if m.get("error"):
+            self.log.append("the default's second measurement failed: %s" % m["error"])
+            return
+        lay = default["layout"]
+        gpus = max(1, lay["tensor_parallel"] * lay["data_parallel"] * lay["instances"])
+        last = score(m["levels"], gpus)
+        a, b = first["score"]["goodput_tok_s"], last["goodput_tok_s"]
+        self.drift = {"candidate": default["id"], "first": first["score"], "last": last,
+                      "ratio": round(b / a, 4) if a else None,
+                      "spread": round(spread([a, b]), 4) if a and b else None,
+                      "last_sweep": m["levels"], "elapsed_s": m.get("elapsed_s")}
+        self.log.append("the default again, last: goodput %.1f tok/s (first %.1f, drift %s)"
+                        % (b, a, "%+.1f %%" % (100 * (b / a - 1)) if a else "n/a"))
 
     def _list_unserved(self):
         """The candidates the minutes budget stopped before they were served, each listed in

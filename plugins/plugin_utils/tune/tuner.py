@@ -326,7 +326,7 @@ class Tuner(object):
                 search = vt.Search(order, self.measure, self.levels,
                                    base_window_s=o["base_window_s"] * o["eta"] ** (o["max_rounds"] - 1),
                                    eta=o["eta"], max_rounds=1, budget=self.budget, clock=time.time,
-                                   gate=self.gate, recall=self.recall)
+                                   gate=self.gate, recall=self.recall, bracket=True)
             else:
                 search = vt.Search(order, self.measure, self.levels,
                                    base_window_s=o["base_window_s"], eta=o["eta"],
@@ -335,7 +335,8 @@ class Tuner(object):
                                    pinned=o["pinned"], recall=self.recall)
             results = search.run()
             decision_s = round(time.time() - t_start, 1)
-            table, decision = vt.rank(results)
+            drift = search.drift
+            table, decision = vt.rank(results, noise_floor=drift["spread"] if drift else None)
             vs = vt.versus_default(table)
             win = next((r for r in table if r["rank"] == 1), None)
             if o["apply"] and win is not None:
@@ -353,7 +354,9 @@ class Tuner(object):
                     "candidates_served": len(results), "reference": self.ref.get("id"),
                     "levels": self.levels, "base_window_s": o["base_window_s"], "eta": o["eta"],
                     "max_rounds": o["max_rounds"],
-                    "resumed": self.resumed.evidence() if self.resumed is not None else None}
+                    "resumed": self.resumed.evidence() if self.resumed is not None else None,
+                    "drift": dict((k, v) for k, v in search.drift.items() if k != "last_sweep")
+                    if search.drift else None}
         doc = vt.tune_document(self.host, self.slo, self.budget,
                                [{"id": r["id"], "reasons": r["reasons"]} for r in self.refused],
                                not_measured, table, decision, vs, evidence,

@@ -60,8 +60,8 @@ def test_a_resumed_grid_serves_only_what_the_journal_lacks_and_anchors_on_the_de
               resume=str(path.parent), **SETTINGS)
     doc, _points, _final = t.run()
     seqs = [None if c.get("default") else str(c["knobs"]["max-num-seqs"]) for c in cands]
-    # the default again (the anchor), then the one candidate the journal lacks
-    assert served == [None, seqs[2]]
+    # the default again (the anchor), the one candidate the journal lacks, the default last
+    assert served == [None, seqs[2], None]
     ranked = dict((r["id"], r) for r in doc["ranked"])
     taken = cands[1]["id"]
     was = then[seqs[1]]
@@ -80,7 +80,7 @@ def test_a_resumed_grid_serves_only_what_the_journal_lacks_and_anchors_on_the_de
     assert run["resumed_from"] == str(path) and run["anchor_factor"] == pytest.approx(0.8)
     # the new journal holds only what this run measured
     recs = [json.loads(x) for x in (tmp_path / "second.jsonl").read_text().splitlines()]
-    assert [r["candidate"] for r in recs] == [cands[0]["id"], cands[2]["id"]]
+    assert [r["candidate"] for r in recs] == [cands[0]["id"], cands[2]["id"], cands[0]["id"]]
     assert recs[0]["settings"]["input_len"] == 32 and recs[0]["outputs"]
 
 
@@ -114,7 +114,7 @@ def test_failed_and_foreign_records_are_served_again(tmp_path):
     t = Tuner("h1", "cpu-tiny", player({None: 100.0, "16": 90.0, "64": 120.0}, served),
               resume=str(path), log=said.append, **SETTINGS)
     t.run()
-    assert served == [None] + [str(c["knobs"]["max-num-seqs"]) for c in cands[1:]]
+    assert served == [None] + [str(c["knobs"]["max-num-seqs"]) for c in cands[1:]] + [None]
     assert any("left out (failed)" in s for s in said)
     assert any("left out (other candidates)" in s for s in said)
 
@@ -130,7 +130,7 @@ def test_an_older_journal_without_settings_or_outputs_is_taken_and_says_so(tmp_p
     t = Tuner("h1", "cpu-tiny", player({None: 100.0, "16": 90.0, "64": 120.0}, served),
               resume=str(path), log=said.append, **SETTINGS)
     doc, _p, _f = t.run()
-    assert served == [None, str(cands[2]["knobs"]["max-num-seqs"])]
+    assert served == [None, str(cands[2]["knobs"]["max-num-seqs"]), None]
     assert any("do not record their settings" in s for s in said)
     assert any("correctness not checked" in s for s in said)
     row = next(r for r in doc["ranked"] if r["id"] == cands[1]["id"])
@@ -162,7 +162,7 @@ def test_two_journals_each_anchored_on_its_own_default(tmp_path):
     t = Tuner("h1", "cpu-tiny", player(dict((k, 0.5 * v) for k, v in rates.items()), served),
               resume=[str(first), str(second.parent)], **SETTINGS)
     doc, _p, _f = t.run()
-    assert served == [None]
+    assert served == [None]  # nothing served after the default: no second measurement
     ranked = dict((r["id"], r) for r in doc["ranked"])
     for i in (1, 2):
         assert ranked[cands[i]["id"]]["goodput_tok_s"] == pytest.approx(0.5 * rates[seqs[i]])
@@ -170,3 +170,33 @@ def test_two_journals_each_anchored_on_its_own_default(tmp_path):
     assert taken[cands[1]["id"]]["from"] == str(first)
     assert taken[cands[2]["id"]]["from"] == str(second)
     assert taken[cands[2]["id"]]["anchor"]["overall"]["factor"] == pytest.approx(1.25)
+
+
+def test_the_grid_measures_the_default_again_last_and_its_drift_is_the_noise(tmp_path):
+    """The host speeds up by 20 % during the run: the default measures 100 first and 120 last.
+    A candidate at 112 with a tight interval would beat the first measurement; within the
+    measured drift it is a tie, and the default is kept."""
+    served = []
+    default_rates = [100.0, 120.0]
+
+    def play(extravars):
+        if extravars.get("vllm_tune_measure") is False:
+            return {"rc": 0, "facts": {}}
+        inst = extravars["vllm_service_instances"][0]
+        seqs = next((a for a in inst.get("extra_args") or [] if a.isdigit()), None)
+        served.append(seqs)
+        rate = default_rates.pop(0) if seqs is None else {"16": 112.0, "64": 60.0}[seqs]
+        return {"rc": 0, "facts": {"vllm_tune_measurement": {
+            "levels": [[level(rate, half=1.0)]], "measure_s": 1.0}}}
+
+    t = Tuner("h1", "cpu-tiny", play, **SETTINGS)
+    doc, _p, _f = t.run()
+    assert served[0] is None and served[-1] is None and len(served) == 4
+    drift = doc["evidence"]["drift"]
+    assert drift["first"]["goodput_tok_s"] == 100.0 and drift["last"]["goodput_tok_s"] == 120.0
+    assert drift["ratio"] == pytest.approx(1.2) and drift["spread"] == pytest.approx(20 / 110.0, abs=1e-4)
+    assert doc["winner"]["id"] == next(c["id"] for c in t.cands if c.get("default"))
+    assert doc["decision"]["tie"] is True
+    row = next(r for r in doc["ranked"] if r["goodput_tok_s"] == 112.0)
+    assert row["noise"] == pytest.approx(20 / 110.0, abs=1e-4)
+    assert any("the default again, last" in line for line in doc["evidence"]["search_log"])
