@@ -54,7 +54,7 @@ def read(path):
     if not os.path.isfile(fpath):
         raise TuneError("resume: no measurement journal at %s" % path)
     with open(fpath) as f:
-        lines = [ln for ln in f.read().split("\n")]
+        lines = f.read().split("\n")
     while lines and not lines[-1].strip():
         lines.pop()
     recs, notes = [], []
