@@ -177,6 +177,12 @@ def render_tune(console, doc) -> None:
     for n in doc.get("not_measured") or []:
         if isinstance(n, dict):
             console.print("-    %-48s %s" % (_escape(n["id"]), _escape(n["reason"])))
+    drift = (doc.get("evidence") or {}).get("drift")
+    if drift and drift.get("ratio") is not None:
+        console.print("drift: vLLM's defaults measured %.1f tok/s first and %.1f last (x%.3f): a "
+                      "difference within %.1f %% is a tie" % (
+                          drift["first"]["goodput_tok_s"], drift["last"]["goodput_tok_s"],
+                          drift["ratio"], 100 * (drift.get("spread") or 0.0)))
     console.print("winner: %s (%s); vs default: %s" % (
         _escape((doc["winner"] or {}).get("id", "none")), _escape(str(doc["decision"]["verdict"])),
         _escape(str(doc["versus_default"].get("verdict")))))

@@ -200,3 +200,12 @@ def test_the_grid_measures_the_default_again_last_and_its_drift_is_the_noise(tmp
     row = next(r for r in doc["ranked"] if r["goodput_tok_s"] == 112.0)
     assert row["noise"] == pytest.approx(20 / 110.0, abs=1e-4)
     assert any("the default again, last" in line for line in doc["evidence"]["search_log"])
+
+    # the CLI's table says it too
+    import io
+    from rich.console import Console
+    from vllm_deploy.cli import render_tune
+    buf = io.StringIO()
+    render_tune(Console(file=buf, width=200), doc)
+    assert "drift: vLLM's defaults measured 100.0 tok/s first and 120.0 last (x1.200): a " \
+           "difference within 18.2 % is a tie" in buf.getvalue()
