@@ -236,3 +236,33 @@ def test_tune_disqualifies_the_wrong_candidate_and_restores(deployed, inventory,
                        capture_output=True, text=True, check=False)
     assert r.stdout.strip() == "inactive", r.stdout + r.stderr
     assert not testhost.port_in_use(VLLM_PORT + 1)
+    # resumed from that journal, as a grid over the same candidates: only vLLM's defaults are
+    # served again (the anchor); the others come from the journal, anchored on them, and the
+    # broken one is disqualified again from the outputs the journal kept
+    lines = []
+    again = vllm_deploy.tune(
+        inventory, HOST, profile="cpu-tiny", ttft_ms=3000, tpot_ms=200,
+        budget_candidates=3, knobs={"max-num-seqs": [None, 4], "hf-overrides": [None, BROKEN]},
+        instances=[1, 2], pinned=[BROKEN_ID], levels=[1, 2, 4], base_window_s=2, max_rounds=1,
+        input_len=32, output_len=32, port=VLLM_PORT, listen_host="127.0.0.1", strategy="grid",
+        report_dir=str(tmp_path / "tune-again"), log=lines.append,
+        resume=doc.reports["measurements"])
+    print("\n".join(lines))
+    served = [r for r in again["evidence"]["runs"] if "resumed_from" not in r]
+    assert [r["candidate"] for r in served] == ["tp1"]
+    taken = again["evidence"]["resumed"]
+    assert sorted(taken["candidates"]) == sorted([BROKEN_ID, "2xtp1"])
+    assert taken["from"] == [doc.reports["measurements"]]
+    for cid in taken["candidates"]:
+        anchor = taken["taken"][cid]["anchor"]
+        assert anchor["default"] == "tp1" and anchor["overall"]["factor"] > 0
+        assert all(a["then"] > 0 and a["now"] > 0 for a in anchor["levels"].values())
+    rows = dict((r["id"], r) for r in again["ranked"])
+    assert set(rows) == {"tp1", BROKEN_ID, "2xtp1"}
+    assert rows[BROKEN_ID]["disqualified"].startswith("correctness (reference tp1): ")
+    assert rows["2xtp1"]["correctness"]["token_match_rate"] == 1.0
+    assert again["evidence"]["drift"] is None  # nothing was served after the default
+    with open(again.reports["measurements"]) as f:
+        assert [json.loads(x)["candidate"] for x in f] == ["tp1"]
+    st = vllm_deploy.status(inventory).status_by_host[HOST]
+    assert [i.unit for i in st.instances] == ["vllm-main.service"] and st.serving
