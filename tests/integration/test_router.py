@@ -5,9 +5,9 @@ deploy playbook, then several stories on the same host:
 - both instances serve through the router's one port, the API key enforced and passed on;
 - kill -9 of the router: systemd brings it back and the instances are not restarted;
 - bad router settings are refused in the validation play, before any change on the host;
-- under steady load through the router, a serving flag of both instances changes, then both
-  swap to model B, then a new vLLM pin is switched to: each change rolls one instance at a time
-  behind the router and not one request fails.
+- under steady load through the router, a serving flag of both instances changes and both
+  swap to model B (one change), then a new vLLM pin is switched to: each change rolls one
+  instance at a time behind the router and not one request fails.
 
 vd-rt-1 (SSH 26401; vLLM 26410 and 26411; router 26420, its metrics 26421). Run it under
 the heavy lock (flock /tmp/vd-heavy.lock)."""
@@ -382,20 +382,22 @@ def rolled_change(host, tmp_path, name, extra, tags):
 
 
 def test_changes_roll_through_the_router_under_load_with_no_failed_request(host, tmp_path):
-    """A serving flag of both instances, then a swap of both to model B: each runs under
-    steady load through the router and rolls one instance at a time; no request fails and the
-    router never restarts. (A swap back to model A takes the swap's path again: not repeated.)"""
+    """A serving flag of both instances and a swap of both to model B, as one change: it runs
+    under steady load through the router and rolls one instance at a time; no request fails
+    and the router never restarts. Both kinds of change take the same roll (an instance stops
+    when its unit or environment changes, whatever changed in it), so one change with both
+    proves each of them: every restarted instance runs with the new flag and answers with
+    model B's weights. (A swap back to model A takes the swap's path again: not repeated.)"""
     text_a = greedy()
-    after = rolled_change(host, tmp_path, "flag", {"vllm_service_args": ["--max-logprobs", "21"]},
-                          "vllm_service")
-    for unit in ("vllm-one.service", "vllm-two.service"):
-        rc, argv = ssh("tr '\\0' ' ' < /proc/%s/cmdline" % after[unit])
-        assert rc == 0 and "--max-logprobs 21" in argv, argv
     # model B under the same served name: the clients' requests keep their model name
-    rolled_change(host, tmp_path, "swap-b", {
+    after = rolled_change(host, tmp_path, "flag+swap-b", {
+        "vllm_service_args": ["--max-logprobs", "21"],
         "model_weights_name": "tiny-b",
         "model_weights_local_dir": os.path.join(ROOT, ".cache", "tiny-model-b"),
         "vllm_service_previous_models": "keep"}, "model_weights,vllm_service")
+    for unit in ("vllm-one.service", "vllm-two.service"):
+        rc, argv = ssh("tr '\\0' ' ' < /proc/%s/cmdline" % after[unit])
+        assert rc == 0 and "--max-logprobs 21" in argv, argv
     text_b = greedy()
     assert text_b != text_a, "model B answered like model A: %r" % text_b
 
