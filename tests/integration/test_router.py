@@ -231,10 +231,17 @@ def test_bad_router_settings_refused_before_any_change(host, tmp_path):
     unit_before = unit_show("vllm_router.service", "MainPID")
     rc, stamp = ssh("stat -c %Y /etc/systemd/system/vllm_router.service /etc/systemd/system/vllm-two.service")
     assert rc == 0
-    for extra, message in BAD:
-        path = tmp_path / "extra.yml"
-        path.write_text(yaml.safe_dump(extra))
-        rc, out = playbook(host["inventory"], "-e", "@" + str(path), timeout=600)
+
+    def run(i):
+        path = tmp_path / ("extra-%d.yml" % i)
+        path.write_text(yaml.safe_dump(BAD[i][0]))
+        return playbook(host["inventory"], "-e", "@" + str(path), timeout=600)
+
+    # each run stops in the validation play (checked below): they run side by side
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(len(BAD)) as pool:
+        runs = list(pool.map(run, range(len(BAD))))
+    for (_unused, message), (rc, out) in zip(BAD, runs):
         assert rc != 0, out[-3000:]
         assert message in out, out[-3000:]
         converge = out.partition("PLAY [Converge vLLM hosts]")[2]
