@@ -137,7 +137,8 @@ def host(tmp_path_factory):
         rc, out = playbook(path)
         print("converge: rc=%d in %.0f s" % (rc, time.time() - t0))
         assert rc == 0, out[-6000:]
-        yield {"inventory": path, "converge": out}
+        # declared: the extra vars of the changes rolled since (rolled_change)
+        yield {"inventory": path, "converge": out, "declared": {}}
     finally:
         th.destroy("vd-rt-")
 
@@ -346,15 +347,18 @@ def greedy(prompt="The rolling change keeps"):
 
 
 def rolled_change(host, tmp_path, name, extra, tags):
-    """Run the playbook with ``extra`` and ``--tags tags`` (the roles the change is in; the
+    """Run the playbook with ``extra`` on top of the extra vars of the changes rolled before
+    (host["declared"]: what the host runs now, so that a tag run without vllm_service finds
+    the instances running as declared) and ``--tags tags`` (the roles the change is in; the
     validation play runs on every run) under steady load through the router; print the
     failed requests, the completion rate before and during the change and the drains; return
     the instances' new main PIDs."""
     units = ("vllm-one.service", "vllm-two.service")
     before = dict((u, unit_show(u, "MainPID")["MainPID"]) for u in units)
     router_before = unit_show("vllm_router.service", "MainPID")["MainPID"]
+    declared = dict(host["declared"], **extra)
     path = tmp_path / ("%s.yml" % name)
-    path.write_text(yaml.safe_dump(dict(extra, vllm_benchmark_enabled=False)))
+    path.write_text(yaml.safe_dump(dict(declared, vllm_benchmark_enabled=False)))
     with Load(ROUTER) as load:
         time.sleep(15)
         t_change = time.time()
@@ -362,6 +366,7 @@ def rolled_change(host, tmp_path, name, extra, tags):
         t_done = time.time()
         time.sleep(5)
     assert rc == 0, out[-6000:]
+    host["declared"] = declared
     failed = [r for r in load.records if not r[2]]
     drains = [line.strip().strip('"') for line in out.splitlines() if "drained after" in line]
     base_rate, base_lat = load.window(t_change - 15, t_change)
