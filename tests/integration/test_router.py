@@ -5,9 +5,9 @@ deploy playbook, then several stories on the same host:
 - both instances serve through the router's one port, the API key enforced and passed on;
 - kill -9 of the router: systemd brings it back and the instances are not restarted;
 - bad router settings are refused in the validation play, before any change on the host;
-- under steady load through the router, a serving flag of both instances changes, then both
-  swap to model B, then a new vLLM pin is switched to: each change rolls one instance at a time
-  behind the router and not one request fails.
+- under steady load through the router, a serving flag of both instances changes and both
+  swap to model B (one change), then a new vLLM pin is switched to: each change rolls one
+  instance at a time behind the router and not one request fails.
 
 vd-rt-1 (SSH 26401; vLLM 26410 and 26411; router 26420, its metrics 26421). Run it under
 the heavy lock (flock /tmp/vd-heavy.lock)."""
@@ -137,7 +137,8 @@ def host(tmp_path_factory):
         rc, out = playbook(path)
         print("converge: rc=%d in %.0f s" % (rc, time.time() - t0))
         assert rc == 0, out[-6000:]
-        yield {"inventory": path, "converge": out}
+        # declared: the extra vars of the changes rolled since (rolled_change)
+        yield {"inventory": path, "converge": out, "declared": {}}
     finally:
         th.destroy("vd-rt-")
 
@@ -231,10 +232,17 @@ def test_bad_router_settings_refused_before_any_change(host, tmp_path):
     unit_before = unit_show("vllm_router.service", "MainPID")
     rc, stamp = ssh("stat -c %Y /etc/systemd/system/vllm_router.service /etc/systemd/system/vllm-two.service")
     assert rc == 0
-    for extra, message in BAD:
-        path = tmp_path / "extra.yml"
-        path.write_text(yaml.safe_dump(extra))
-        rc, out = playbook(host["inventory"], "-e", "@" + str(path), timeout=600)
+
+    def run(i):
+        path = tmp_path / ("extra-%d.yml" % i)
+        path.write_text(yaml.safe_dump(BAD[i][0]))
+        return playbook(host["inventory"], "-e", "@" + str(path), timeout=600)
+
+    # each run stops in the validation play (checked below): they run side by side
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(len(BAD)) as pool:
+        runs = list(pool.map(run, range(len(BAD))))
+    for (_unused, message), (rc, out) in zip(BAD, runs):
         assert rc != 0, out[-3000:]
         assert message in out, out[-3000:]
         converge = out.partition("PLAY [Converge vLLM hosts]")[2]
@@ -339,15 +347,18 @@ def greedy(prompt="The rolling change keeps"):
 
 
 def rolled_change(host, tmp_path, name, extra, tags):
-    """Run the playbook with ``extra`` and ``--tags tags`` (the roles the change is in; the
+    """Run the playbook with ``extra`` on top of the extra vars of the changes rolled before
+    (host["declared"]: what the host runs now, so that a tag run without vllm_service finds
+    the instances running as declared) and ``--tags tags`` (the roles the change is in; the
     validation play runs on every run) under steady load through the router; print the
     failed requests, the completion rate before and during the change and the drains; return
     the instances' new main PIDs."""
     units = ("vllm-one.service", "vllm-two.service")
     before = dict((u, unit_show(u, "MainPID")["MainPID"]) for u in units)
     router_before = unit_show("vllm_router.service", "MainPID")["MainPID"]
+    declared = dict(host["declared"], **extra)
     path = tmp_path / ("%s.yml" % name)
-    path.write_text(yaml.safe_dump(dict(extra, vllm_benchmark_enabled=False)))
+    path.write_text(yaml.safe_dump(dict(declared, vllm_benchmark_enabled=False)))
     with Load(ROUTER) as load:
         time.sleep(15)
         t_change = time.time()
@@ -355,6 +366,7 @@ def rolled_change(host, tmp_path, name, extra, tags):
         t_done = time.time()
         time.sleep(5)
     assert rc == 0, out[-6000:]
+    host["declared"] = declared
     failed = [r for r in load.records if not r[2]]
     drains = [line.strip().strip('"') for line in out.splitlines() if "drained after" in line]
     base_rate, base_lat = load.window(t_change - 15, t_change)
@@ -382,20 +394,22 @@ def rolled_change(host, tmp_path, name, extra, tags):
 
 
 def test_changes_roll_through_the_router_under_load_with_no_failed_request(host, tmp_path):
-    """A serving flag of both instances, then a swap of both to model B: each runs under
-    steady load through the router and rolls one instance at a time; no request fails and the
-    router never restarts. (A swap back to model A takes the swap's path again: not repeated.)"""
+    """A serving flag of both instances and a swap of both to model B, as one change: it runs
+    under steady load through the router and rolls one instance at a time; no request fails
+    and the router never restarts. Both kinds of change take the same roll (an instance stops
+    when its unit or environment changes, whatever changed in it), so one change with both
+    proves each of them: every restarted instance runs with the new flag and answers with
+    model B's weights. (A swap back to model A takes the swap's path again: not repeated.)"""
     text_a = greedy()
-    after = rolled_change(host, tmp_path, "flag", {"vllm_service_args": ["--max-logprobs", "21"]},
-                          "vllm_service")
-    for unit in ("vllm-one.service", "vllm-two.service"):
-        rc, argv = ssh("tr '\\0' ' ' < /proc/%s/cmdline" % after[unit])
-        assert rc == 0 and "--max-logprobs 21" in argv, argv
     # model B under the same served name: the clients' requests keep their model name
-    rolled_change(host, tmp_path, "swap-b", {
+    after = rolled_change(host, tmp_path, "flag+swap-b", {
+        "vllm_service_args": ["--max-logprobs", "21"],
         "model_weights_name": "tiny-b",
         "model_weights_local_dir": os.path.join(ROOT, ".cache", "tiny-model-b"),
         "vllm_service_previous_models": "keep"}, "model_weights,vllm_service")
+    for unit in ("vllm-one.service", "vllm-two.service"):
+        rc, argv = ssh("tr '\\0' ' ' < /proc/%s/cmdline" % after[unit])
+        assert rc == 0 and "--max-logprobs 21" in argv, argv
     text_b = greedy()
     assert text_b != text_a, "model B answered like model A: %r" % text_b
 
