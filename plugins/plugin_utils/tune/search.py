@@ -123,7 +123,9 @@ class Search:
     ``recall(candidate, window_s, levels)``, when given, returns an earlier run's measurement
     in ``measure``'s form (a resumed run) or None; a recalled candidate is not served.
     ``bracket`` (the grid): once every candidate is measured, the default is measured again
-    with the same window and levels, within the minutes budget; ``drift`` then holds both
+    with the same window and levels; the time its first measurement took is kept back from
+    the minutes budget for it (no other candidate starts once only that time is left), so a
+    budget that stops the grid still leaves the bracket; ``drift`` then holds both
     goodputs and their relative spread, the host's own drift over the run, which the ranking
     takes as the noise of every candidate measured once (:func:`rank`'s ``noise_floor``).
     """
@@ -157,10 +159,21 @@ class Search:
         self._serving = None
         self._stopped = False
 
-    def _over_budget(self, t0):
+    def _over_budget(self, t0, keep_s=0.0):
         mins = self.budget.get("minutes")
         return mins is not None and self.clock is not None and \
-            (self.clock() - t0) >= mins * 60.0
+            (self.clock() - t0) + keep_s >= mins * 60.0
+
+    def _bracket_reserve(self, cand):
+        """Seconds kept back for the bracket before ``cand`` starts: the default's first
+        measurement's time, once it was served in this run (0 otherwise)."""
+        if not self.bracket or cand.get("default"):
+            return 0.0
+        default = next((c for c in self.candidates if c.get("default")), None)
+        res = self.results.get(default["id"]) if default else None
+        if not res or res["rounds"][0].get("resumed") or not self._qualified(default["id"]):
+            return 0.0
+        return float(res["rounds"][0].get("elapsed_s") or 0.0)
 
     def run(self):
         t0 = self.clock() if self.clock else 0.0
@@ -223,9 +236,12 @@ class Search:
 
     def _measure_one(self, cand, rnd, window, t0):
         """Measure ``cand`` in round ``rnd`` (0-based); False when the minutes budget stops."""
-        if self._over_budget(t0):
-            self.log.append("budget of %s min reached before %s (round %d)"
-                            % (self.budget.get("minutes"), cand["id"], rnd + 1))
+        keep = self._bracket_reserve(cand)
+        if self._over_budget(t0, keep):
+            self.log.append("budget of %s min reached before %s (round %d)%s"
+                            % (self.budget.get("minutes"), cand["id"], rnd + 1,
+                               "; %.0f s kept for measuring the default again" % keep
+                               if keep else ""))
             self._stopped = True
             return False
         levels = self.levels

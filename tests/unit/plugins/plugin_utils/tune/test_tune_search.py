@@ -257,6 +257,32 @@ def test_minutes_budget_stops_the_search():
     assert set(unserved.values()) == {"not measured (minutes budget of 1 reached)"}
 
 
+def test_a_grid_stopped_by_its_minutes_still_measures_the_default_again():
+    """Each serve takes 100 s on the host's clock and the budget is 5 minutes: without the
+    default's 100 s kept back, the grid would serve two candidates after the default and
+    find no time left for the bracket; with it, it serves one, then the default again."""
+    now = [0.0]
+
+    class Host(FakeHost):
+        def measure(self, cand, window, levels):
+            now[0] += 100.0
+            out = FakeHost.measure(self, cand, window, levels)
+            out["elapsed_s"] = 100.0
+            return out
+
+    admitted, _refused = t.admit(t.enumerate_layouts(0))
+    cands, _dropped = t.build_candidates(admitted, {"max-num-seqs": [None, 2, 8]})
+    host = Host(RATES, wobble=0.0)
+    s = t.Search(cands, host.measure, [1, 2], base_window_s=2, max_rounds=1,
+                 budget={"minutes": 5}, clock=lambda: now[0], bracket=True)
+    s.run()
+    ids = [c for c, _w, _l in host.calls]
+    assert ids[0] == "tp1" and ids[-1] == "tp1" and len(ids) == 3, ids
+    assert s.drift is not None and s.drift["ratio"] == pytest.approx(1.0)
+    assert any("100 s kept for measuring the default again" in line for line in s.log), s.log
+    assert len(s.not_measured) == 4
+
+
 def test_a_search_within_its_minutes_lists_nothing_unmeasured():
     s, results, host = _search(RATES, budget={"minutes": 60}, clock=lambda: 0.0)
     assert set(results) == set(RATES) and s.not_measured == []
