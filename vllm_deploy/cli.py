@@ -147,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an earlier run's measurements.jsonl (or its report directory; "
                         "repeatable): what it measured is not served again; the default is "
                         "measured again as the anchor")
+    t.add_argument("--reference-every", type=int, default=0, metavar="N",
+                   help="grid: measure vLLM's defaults again after every N candidates served "
+                        "(default 0: first and last only); their spread is every candidate's "
+                        "least noise")
     return ap
 
 
@@ -179,9 +183,12 @@ def render_tune(console, doc) -> None:
             console.print("-    %-48s %s" % (_escape(n["id"]), _escape(n["reason"])))
     drift = (doc.get("evidence") or {}).get("drift")
     if drift and drift.get("ratio") is not None:
-        console.print("drift: vLLM's defaults measured %.1f tok/s first and %.1f last (x%.3f): a "
-                      "difference within %.1f %% is a tie" % (
-                          drift["first"]["goodput_tok_s"], drift["last"]["goodput_tok_s"],
+        between = [r["goodput_tok_s"] for r in (drift.get("references") or [])[:-1]]
+        console.print("drift: vLLM's defaults measured %.1f tok/s first%s and %.1f last (x%.3f): "
+                      "a difference within %.1f %% is a tie" % (
+                          drift["first"]["goodput_tok_s"],
+                          ", %s between" % ", ".join("%.1f" % g for g in between)
+                          if between else "", drift["last"]["goodput_tok_s"],
                           drift["ratio"], 100 * (drift.get("spread") or 0.0)))
     console.print("winner: %s (%s); vs default: %s" % (
         _escape((doc["winner"] or {}).get("id", "none")), _escape(str(doc["decision"]["verdict"])),
@@ -391,6 +398,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 extra_args=shlex.split(args.tune_extra_args) if args.tune_extra_args else None,
                 expert_parallel=[x.lower() == "true" for x in _split(args.ep) or []] or None,
                 extravars=extravars, resume=args.resume,
+                reference_every=args.reference_every,
                 log=None if args.json or args.plan_only else (lambda m: err.print(_escape(m))))
             if args.json:
                 print(json.dumps(dict(doc), indent=2, default=str))

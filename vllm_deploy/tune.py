@@ -42,7 +42,7 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
          profile_overrides: Optional[Dict[str, Any]] = None,
          extra_args: Optional[List[str]] = None,
          extravars: Optional[Dict[str, Any]] = None,
-         resume: Optional[Union[str, List[str]]] = None,
+         resume: Optional[Union[str, List[str]]] = None, reference_every: int = 0,
          on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
          log: Optional[Callable[[str], None]] = None) -> TuneResult:
     """Tune ``host`` of ``inventory``; returns the write-back document (see vllm_tune.yml).
@@ -63,6 +63,10 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
     measured again first, and each taken measurement's throughput is anchored on them (scaled
     by the ratio of the default now to the default in its own journal at each level, its
     interval widened by both). The latencies stay as measured then.
+    ``reference_every`` N (the grid only; 0, the default, measures vLLM's defaults first and
+    last): vLLM's defaults are also measured again after every N candidates served, so a host
+    whose speed drifts up and back down within the run is seen; the spread of all the default's
+    measurements is every candidate's least noise (``evidence.drift``).
     ``strategy``: ``screen`` (one knob changed from the default at a time, then the combination
     of the winners, then successive halving among the leaders), ``halving`` (successive halving
     over every candidate), ``grid`` (every candidate over every level with the longest window:
@@ -92,7 +96,7 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
         max_logprob_gap=max_logprob_gap, pinned=pinned, dummy_weights=dummy_weights,
         apply=apply, restore=restore, grid=grid, strategy=strategy,
         profile_overrides=profile_overrides, extra_args=extra_args, extravars=extravars,
-        resume=resume)
+        resume=resume, reference_every=reference_every)
     inv_dir = inventory_dirs(inventory)[0]
     rdir = report_dir or tuner_mod.report_dir_for(inv_dir, host)
     journal = os.path.join(rdir, tuner_mod.JOURNAL_FILE)

@@ -132,7 +132,7 @@ class Search:
 
     def __init__(self, candidates, measure, levels, base_window_s=3.0, eta=2, max_rounds=3,
                  budget=None, clock=None, gate=None, strategy="halving", pinned=None,
-                 noise_floor=0.1, recall=None, bracket=False):
+                 noise_floor=0.1, recall=None, bracket=False, reference_every=0):
         self.candidates = list(candidates)
         self.measure = measure
         self.levels = sorted(levels)
@@ -150,6 +150,9 @@ class Search:
         self.noise_floor = noise_floor
         self.recall = recall
         self.bracket = bracket
+        self.reference_every = int(reference_every or 0)
+        self._since_reference = 0  # candidates served since the default was last measured
+        self._references = []      # the default's goodput each time it was measured again
         self.drift = None       # the default measured first and last (bracket)
         self.results = {}  # id -> {'rounds': [...], ...}
         self.log = []
@@ -187,35 +190,45 @@ class Search:
             self._measure_default_again(t0)
         return self.results
 
-    def _measure_default_again(self, t0):
-        """The grid's bracket: the default measured again after every other candidate, with
-        its first round's window and levels; its first and last goodput give the drift."""
+    def _measure_default_again(self, t0, last=True):
+        """The grid's bracket: the default measured again after the other candidates (``last``)
+        or between them (``reference_every``), with its first round's window and levels; every
+        such goodput and the first give the drift."""
         default = next((c for c in self.candidates if c.get("default")), None)
         res = self.results.get(default["id"]) if default else None
         if res is None or len(self.results) < 2 or not self._qualified(default["id"]) or \
                 self._serving is default:  # nothing was served after it
             return
-        if self._over_budget(t0):
-            self.log.append("the default was not measured again: the minutes budget of %s "
-                            "was reached" % self.budget.get("minutes"))
+        if self._over_budget(t0, 0.0 if last else self._bracket_reserve({})):
+            if last:
+                self.log.append("the default was not measured again: the minutes budget of %s "
+                                "was reached" % self.budget.get("minutes"))
             return
         first = res["rounds"][0]
         m = self.measure(default, first["window_s"], first["levels"])
         self._serving = default
+        self._since_reference = 0
         self.measured_s += m.get("elapsed_s") or 0.0
         if m.get("error"):
-            self.log.append("the default's second measurement failed: %s" % m["error"])
+            self.log.append("the default's measurement again failed: %s" % m["error"])
             return
         lay = default["layout"]
         gpus = max(1, lay["tensor_parallel"] * lay["data_parallel"] * lay["instances"])
-        last = score(m["levels"], gpus)
-        a, b = first["score"]["goodput_tok_s"], last["goodput_tok_s"]
-        self.drift = {"candidate": default["id"], "first": first["score"], "last": last,
+        now = score(m["levels"], gpus)
+        a, b = first["score"]["goodput_tok_s"], now["goodput_tok_s"]
+        self._references.append({"at_s": round(self.clock() - t0, 1) if self.clock else None,
+                                 "after": len(self.results) - 1, "goodput_tok_s": b})
+        self.log.append("the default again%s: goodput %.1f tok/s (first %.1f, drift %s)"
+                        % (", last" if last else " (after %d candidates)" % (len(self.results) - 1),
+                           b, a, "%+.1f %%" % (100 * (b / a - 1)) if a else "n/a"))
+        if not last:
+            return
+        vals = [a] + [r["goodput_tok_s"] for r in self._references]
+        self.drift = {"candidate": default["id"], "first": first["score"], "last": now,
                       "ratio": round(b / a, 4) if a else None,
-                      "spread": round(spread([a, b]), 4) if a and b else None,
+                      "spread": round(spread(vals), 4) if a and all(vals) else None,
+                      "references": list(self._references),
                       "last_sweep": m["levels"], "elapsed_s": m.get("elapsed_s")}
-        self.log.append("the default again, last: goodput %.1f tok/s (first %.1f, drift %s)"
-                        % (b, a, "%+.1f %%" % (100 * (b / a - 1)) if a else "n/a"))
 
     def _list_unserved(self):
         """The candidates the minutes budget stopped before they were served, each listed in
@@ -254,6 +267,7 @@ class Search:
         if m is None:
             m = self.measure(cand, window, levels)
             self._serving = cand
+            self._since_reference = 0 if cand.get("default") else self._since_reference + 1
             self.measured_s += m.get("elapsed_s") or 0.0
         res = self.results.setdefault(cand["id"], {"candidate": cand, "rounds": []})
         lay = cand["layout"]
@@ -294,9 +308,12 @@ class Search:
             if self._serving is not None and self._serving in alive:
                 alive.remove(self._serving)
                 alive.insert(0, self._serving)
-            for cand in alive:
+            for i, cand in enumerate(alive):
                 if not self._measure_one(cand, offset + rnd, window, t0):
                     return
+                if self.bracket and self.reference_every and i + 1 < len(alive) and \
+                        self._since_reference >= self.reference_every:
+                    self._measure_default_again(t0, last=False)
 
     def _screen(self, t0):
         cands = self.candidates

@@ -54,7 +54,7 @@ DEFAULTS = {
     "port": 8000, "listen_host": None, "reference": None, "min_match": 0.9,
     "max_logprob_gap": None, "pinned": None, "dummy_weights": False, "apply": False,
     "restore": True, "grid": False, "strategy": "auto", "profile_overrides": None,
-    "extra_args": None, "extravars": None, "resume": None,
+    "extra_args": None, "extravars": None, "resume": None, "reference_every": 0,
 }
 
 
@@ -87,11 +87,14 @@ class Tuner(object):
         strategy = "grid" if o["grid"] else o["strategy"]
         if strategy not in vt.STRATEGIES:
             raise TuneError("strategy %r is not one of %s" % (strategy, ", ".join(vt.STRATEGIES)))
-        for name in ("max_rounds", "input_len", "output_len", "eta"):
+        for name in ("max_rounds", "input_len", "output_len", "eta", "reference_every"):
             v = o[name]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1 or (name == "eta" and v < 2):
-                raise TuneError("%s must be an integer >= %d, got %r"
-                                % (name, 2 if name == "eta" else 1, v))
+            least = {"eta": 2, "reference_every": 0}.get(name, 1)
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise TuneError("%s must be an integer >= %d, got %r" % (name, least, v))
+        if o["reference_every"] and strategy != "grid":
+            raise TuneError("reference_every measures the default between the grid's candidates: "
+                            "it needs strategy grid, got %r" % strategy)
         try:
             self.levels = sorted(check_levels(list(o["levels"] or []), coerce=True))
         except (TypeError, ValueError) as exc:
@@ -326,7 +329,8 @@ class Tuner(object):
                 search = vt.Search(order, self.measure, self.levels,
                                    base_window_s=o["base_window_s"] * o["eta"] ** (o["max_rounds"] - 1),
                                    eta=o["eta"], max_rounds=1, budget=self.budget, clock=time.time,
-                                   gate=self.gate, recall=self.recall, bracket=True)
+                                   gate=self.gate, recall=self.recall, bracket=True,
+                                   reference_every=o["reference_every"])
             else:
                 search = vt.Search(order, self.measure, self.levels,
                                    base_window_s=o["base_window_s"], eta=o["eta"],

@@ -209,3 +209,38 @@ def test_the_grid_measures_the_default_again_last_and_its_drift_is_the_noise(tmp
     render_tune(Console(file=buf, width=200), doc)
     assert "drift: vLLM's defaults measured 100.0 tok/s first and 120.0 last (x1.200): a " \
            "difference within 18.2 % is a tie" in buf.getvalue()
+
+
+def test_reference_every_measures_the_default_between_candidates_and_the_cli_shows_it(tmp_path):
+    """The host speeds up by 30 % between the grid's two other candidates and slows down again:
+    first and last alone (100, 100) show no drift; with the default measured again after each
+    candidate, 130 in between makes the candidate at 112 a tie."""
+    served = []
+    default_rates = [100.0, 130.0, 100.0]
+
+    def play(extravars):
+        if extravars.get("vllm_tune_measure") is False:
+            return {"rc": 0, "facts": {}}
+        inst = extravars["vllm_service_instances"][0]
+        seqs = next((a for a in inst.get("extra_args") or [] if a.isdigit()), None)
+        served.append(seqs)
+        rate = default_rates.pop(0) if seqs is None else {"16": 112.0, "64": 60.0}[seqs]
+        return {"rc": 0, "facts": {"vllm_tune_measurement": {
+            "levels": [[level(rate, half=1.0)]], "measure_s": 1.0}}}
+
+    t = Tuner("h1", "cpu-tiny", play, reference_every=1, **SETTINGS)
+    doc, _p, _f = t.run()
+    assert served[0] is None and served[2] is None and served[-1] is None and len(served) == 5
+    drift = doc["evidence"]["drift"]
+    assert [r["goodput_tok_s"] for r in drift["references"]] == [130.0, 100.0]
+    assert drift["ratio"] == pytest.approx(1.0) and drift["spread"] == pytest.approx(0.2727, abs=1e-3)
+    assert doc["decision"]["tie"] is True
+    assert doc["winner"]["id"] == next(c["id"] for c in t.cands if c.get("default"))
+
+    import io
+    from rich.console import Console
+    from vllm_deploy.cli import render_tune
+    buf = io.StringIO()
+    render_tune(Console(file=buf, width=200), doc)
+    assert "drift: vLLM's defaults measured 100.0 tok/s first, 130.0 between and 100.0 last " \
+           "(x1.000): a difference within 27.3 % is a tie" in buf.getvalue()

@@ -283,6 +283,49 @@ def test_a_grid_stopped_by_its_minutes_still_measures_the_default_again():
     assert len(s.not_measured) == 4
 
 
+def test_references_between_candidates_see_a_drift_that_goes_up_and_back_down():
+    """The host's speed goes up by 40 % in the middle of the run and back: the default measures
+    100 first and 100 last, so the bracket alone sees no drift and a candidate at 125 (tight
+    interval) would beat the default. Measured again after every 3 candidates, the default
+    shows 140 in between; the spread of its measurements is every candidate's least noise,
+    and 125 is a tie."""
+    admitted, _refused = t.admit(t.enumerate_layouts(0))
+    cands, _dropped = t.build_candidates(admitted, {"max-num-seqs": [None, 2, 8]})
+    default_rates = [100.0, 140.0, 100.0]
+    others = {"2xtp1": 90.0, "tp1 max-num-seqs=2": 60.0, "2xtp1 max-num-seqs=2": 50.0,
+              "tp1 max-num-seqs=8": 125.0, "2xtp1 max-num-seqs=8": 80.0}
+    calls = []
+
+    def measure(cand, window, levels):
+        calls.append(cand["id"])
+        rate = default_rates.pop(0) if cand.get("default") else others[cand["id"]]
+        lv = dict(_level(1, rate, met=True))
+        lv["precision"] = {"output_tok_s": {"value": rate, "ci_low": rate - 1, "ci_high": rate + 1,
+                                            "se": 0.5}}
+        return {"levels": [lv], "elapsed_s": 10.0}
+
+    def run(every):
+        del calls[:]
+        default_rates[:] = [100.0, 140.0, 100.0] if every else [100.0, 100.0]
+        s = t.Search(cands, measure, [1], base_window_s=2, max_rounds=1, bracket=True,
+                     reference_every=every)
+        table, decision = t.rank(s.run(), noise_floor=s.drift["spread"])
+        return s, calls[:], decision
+
+    s, served, decision = run(0)
+    assert served.count("tp1") == 2 and decision["winner"] == "tp1 max-num-seqs=8"
+    assert not decision["tie"] and s.drift["references"] == [{"at_s": None, "after": 5,
+                                                              "goodput_tok_s": 100.0}]
+    s, served, decision = run(3)
+    # the default first, again after three of the other five, and last
+    assert served[0] == "tp1" and served[-1] == "tp1" and served.count("tp1") == 3, served
+    assert served[4] == "tp1"
+    assert [r["goodput_tok_s"] for r in s.drift["references"]] == [140.0, 100.0]
+    assert s.drift["spread"] == pytest.approx(40 / 113.333, abs=1e-3)
+    assert decision["tie"] and decision["winner"] == "tp1"
+    assert any("the default again (after 3 candidates)" in line for line in s.log), s.log
+
+
 def test_a_search_within_its_minutes_lists_nothing_unmeasured():
     s, results, host = _search(RATES, budget={"minutes": 60}, clock=lambda: 0.0)
     assert set(results) == set(RATES) and s.not_measured == []

@@ -31,6 +31,10 @@ def test_plan_of_the_cpu_profile_lists_the_default_first():
     ({"input_len": "512"}, "input_len must be an integer >= 1, got '512'"),
     ({"output_len": True}, "output_len must be an integer >= 1, got True"),
     ({"eta": 1}, "eta must be an integer >= 2, got 1"),
+    ({"reference_every": -1, "grid": True}, "reference_every must be an integer >= 0, got -1"),
+    ({"reference_every": 2, "strategy": "screen"},
+     "reference_every measures the default between the grid's candidates: it needs strategy "
+     "grid, got 'screen'"),
 ])
 def test_bad_settings_are_named(settings, message):
     with pytest.raises(TuneError) as e:
