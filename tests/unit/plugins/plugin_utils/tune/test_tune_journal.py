@@ -39,6 +39,21 @@ def player(rates, served):
     return play
 
 
+def drifting_player(default_rates, served):
+    """A play whose default measures each of ``default_rates`` in turn (the host's drift), the
+    candidates with max-num-seqs 16 and 64 at 112 and 60 tok/s, each with a tight interval."""
+    def play(extravars):
+        if extravars.get("vllm_tune_measure") is False:
+            return {"rc": 0, "facts": {}}
+        inst = extravars["vllm_service_instances"][0]
+        seqs = next((a for a in inst.get("extra_args") or [] if a.isdigit()), None)
+        served.append(seqs)
+        rate = default_rates.pop(0) if seqs is None else {"16": 112.0, "64": 60.0}[seqs]
+        return {"rc": 0, "facts": {"vllm_tune_measurement": {
+            "levels": [[level(rate, half=1.0)]], "measure_s": 1.0}}}
+    return play
+
+
 def stopped_journal(tmp_path, rates, n):
     """The journal of a grid stopped after its first ``n`` candidates."""
     path = tmp_path / "first" / jr.JOURNAL_FILE
@@ -179,16 +194,7 @@ def test_the_grid_measures_the_default_again_last_and_its_drift_is_the_noise(tmp
     served = []
     default_rates = [100.0, 120.0]
 
-    def play(extravars):
-        if extravars.get("vllm_tune_measure") is False:
-            return {"rc": 0, "facts": {}}
-        inst = extravars["vllm_service_instances"][0]
-        seqs = next((a for a in inst.get("extra_args") or [] if a.isdigit()), None)
-        served.append(seqs)
-        rate = default_rates.pop(0) if seqs is None else {"16": 112.0, "64": 60.0}[seqs]
-        return {"rc": 0, "facts": {"vllm_tune_measurement": {
-            "levels": [[level(rate, half=1.0)]], "measure_s": 1.0}}}
-
+    play = drifting_player(default_rates, served)
     t = Tuner("h1", "cpu-tiny", play, **SETTINGS)
     doc, _p, _f = t.run()
     assert served[0] is None and served[-1] is None and len(served) == 4
@@ -218,16 +224,7 @@ def test_reference_every_measures_the_default_between_candidates_and_the_cli_sho
     served = []
     default_rates = [100.0, 130.0, 100.0]
 
-    def play(extravars):
-        if extravars.get("vllm_tune_measure") is False:
-            return {"rc": 0, "facts": {}}
-        inst = extravars["vllm_service_instances"][0]
-        seqs = next((a for a in inst.get("extra_args") or [] if a.isdigit()), None)
-        served.append(seqs)
-        rate = default_rates.pop(0) if seqs is None else {"16": 112.0, "64": 60.0}[seqs]
-        return {"rc": 0, "facts": {"vllm_tune_measurement": {
-            "levels": [[level(rate, half=1.0)]], "measure_s": 1.0}}}
-
+    play = drifting_player(default_rates, served)
     t = Tuner("h1", "cpu-tiny", play, reference_every=1, **SETTINGS)
     doc, _p, _f = t.run()
     assert served[0] is None and served[2] is None and served[-1] is None and len(served) == 5
