@@ -34,7 +34,11 @@
 #                                       run another step in a process session of its own, so it
 #                                       outlives the device call (its output in $ST/bg-NAME/)
 #   tests/gpu/host.sh wait NAME SECONDS  wait at most SECONDS for `bg NAME`, print its log's tail;
-#                                       once it ended, its files and exit status come into $OUT
+#                                       its whole console log, the tuner's journal and the GPU
+#                                       record (smi) so far come into $OUT every time, and once
+#                                       it ended, its files and exit status too
+#   tests/gpu/host.sh smi               record the GPU's utilization, power, SM clock and memory
+#                                       every 5 s into $ST/nvidia-smi.csv until the machine goes back
 #   tests/gpu/host.sh collect           logs, journal, write-back, unit files into $OUT
 #   tests/gpu/host.sh unitlog [INST]    the journal of vllm-INST.service (main), gzipped, into $OUT
 #   tests/gpu/host.sh stop              stop the host
@@ -492,9 +496,11 @@ step_wait() { # step_wait NAME SECONDS
   [ -d "$dir" ] || { log "wait $name: no such background step"; return 2; }
   while [ ! -s "$dir/rc" ] && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 5; done
   tail -n 40 "$dir/log" 2>/dev/null
+  # what the step printed and the GPU did so far, in case no later call reaches this machine
+  cp "$dir/log" "$OUTD/bg-$name.log" 2>/dev/null
+  [ -s "$ST/nvidia-smi.csv" ] && cp "$ST/nvidia-smi.csv" "$OUTD/nvidia-smi.csv"
   if [ -s "$dir/rc" ]; then
     cp -r "$dir/out/." "$OUTD/" 2>/dev/null
-    cp "$dir/log" "$OUTD/bg-$name.log" 2>/dev/null
     log "wait $name: ended, rc $(cat "$dir/rc"), after $((SECONDS - t0)) s of waiting"
     return "$(cat "$dir/rc")"
   fi
@@ -504,6 +510,13 @@ step_wait() { # step_wait NAME SECONDS
   [ -n "$j" ] && cp "$j" "$OUTD/bg-$name-measurements.jsonl"
   log "wait $name: still running after $((SECONDS - t0)) s of waiting"
   return 124
+}
+
+step_smi() { # step_smi: nvidia-smi every 5 s into $ST/nvidia-smi.csv, in a session of its own
+  pgrep -f "nvidia-smi --query-gpu=timestamp" >/dev/null && { log "smi: already recording"; return 0; }
+  setsid nvidia-smi --query-gpu=timestamp,utilization.gpu,power.draw,clocks.sm,memory.used \
+    --format=csv -l 5 >"$ST/nvidia-smi.csv" 2>&1 </dev/null &
+  log "smi: recording into $ST/nvidia-smi.csv (pid $!)"
 }
 
 step_unitlog() { # step_unitlog [INSTANCE]: the instance's journal, times to the microsecond
@@ -532,6 +545,7 @@ case ${1:-} in
   sleep-bare) step_sleep_bare ;;
   collect) step_collect ;;
   unitlog) step_unitlog "${2:-}" ;;
+  smi) step_smi ;;
   stop) step_stop ;;
   bg) shift; step_bg "$@" ;;
   wait) step_wait "$2" "$3" ;;
