@@ -30,6 +30,17 @@ def test_unit_enabled_active_and_typed(host):
     assert '"--served-model-name" "tiny-llama"' in unit
 
 
+def test_unit_runs_the_three_process_layout(host):
+    # This scenario serves vLLM CPU's full layout (vllm_service_env sets
+    # VLLM_ENABLE_V1_MULTIPROCESSING=1 over the profile): the API server, the engine core and
+    # the model's worker each in a process of its own, all in the unit's cgroup.
+    cgroup = host.check_output("systemctl show -p ControlGroup --value " + UNIT)
+    titles = host.check_output(
+        "ps -o args= -p \"$(paste -sd, /sys/fs/cgroup%s/cgroup.procs)\"" % cgroup)
+    assert "VLLM::EngineCore" in titles, titles
+    assert "VLLM::Worker" in titles, titles
+
+
 def test_environment_file_is_private(host):
     env = host.file("/etc/vllm-deploy/main.env")
     assert env.mode == 0o600
