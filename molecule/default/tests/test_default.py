@@ -35,8 +35,8 @@ def test_unit_runs_the_three_process_layout(host):
     # VLLM_ENABLE_V1_MULTIPROCESSING=1 over the profile): the API server, the engine core and
     # the model's worker each in a process of its own, all in the unit's cgroup.
     cgroup = host.check_output("systemctl show -p ControlGroup --value " + UNIT)
-    titles = host.check_output(
-        "ps -o args= -p \"$(paste -sd, /sys/fs/cgroup%s/cgroup.procs)\"" % cgroup)
+    pids = host.check_output("grep -lx '.*:%s' /proc/[0-9]*/cgroup | cut -d/ -f3" % cgroup).split()
+    titles = host.check_output("ps -o args= -p " + ",".join(pids))
     assert "VLLM::EngineCore" in titles, titles
     assert "VLLM::Worker" in titles, titles
 
