@@ -111,7 +111,7 @@ ROUTER_PIN_TEST := tests/integration/test_router.py::test_new_vllm_pin_rolls_thr
 test: setup $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed $(CHECKS_VENV)/.installed \
 	  .cache/tiny-model/config.json .cache/tiny-model-b/config.json
 	$(BIN)/python tests/harness/run_suite.py --jobs $(TEST_JOBS) --times $(JOB_TIMES) \
-	  --apart molecule-install,molecule-service \
+	  --apart molecule-install,molecule-service --cpu-account .cache/suite/cpu.acct \
 	  --light "checks=make --no-print-directory unit lint sanity collection-checks" \
 	  "integration=$(SLOW_PYTEST) tests/integration --ignore=tests/integration/test_router.py" \
 	  "router=$(SLOW_PYTEST) -rP tests/integration/test_router.py --deselect $(ROUTER_PIN_TEST)" \

@@ -2,7 +2,7 @@
 when any fails.
 
     run_suite.py [--jobs N] [--light NAME=COMMAND ...] [--log-dir DIR] [--times FILE]
-                 NAME=COMMAND [NAME=COMMAND ...]
+                 [--cpu-account FILE] NAME=COMMAND [NAME=COMMAND ...]
 
 With --times, the heavy jobs start longest first by the seconds FILE records for each (their
 last measured times; the longest job bounds the wall time when it starts last); jobs FILE does
@@ -10,8 +10,11 @@ not know start first, in the order given (an unmeasured job may be the longest).
 suite prints a table of every job (seconds, result) and writes the seconds of each job that
 passed back into FILE, so the next run follows the latest measurements; a failed job keeps its
 earlier time (it may have stopped early). Without --times, jobs start in the order given.
-After the table, each failed job's failure lines (pytest's summary and assertion lines, failed
-Ansible tasks) are printed again, so the end of a CI log says what failed.
+With --cpu-account FILE, the kernel's process accounting is on for the run and the end
+prints the CPU it recorded by process kind (tests/harness/cpu_account.py), also written into
+the --times file. After the tables, each failed job's failure lines (pytest's summary and
+assertion lines, failed Ansible tasks) are printed again, so the end of a CI log says what
+failed.
 Each job's output goes to DIR/NAME.log and is printed whole, under a header, when the job
 ends, so the CI log reads job by job however they interleaved. The jobs must not share test
 hosts or ports: every scenario and integration test has its own host prefix and ports.
@@ -32,6 +35,8 @@ import shlex
 import subprocess
 import sys
 import time
+
+import cpu_account
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -85,9 +90,10 @@ def next_job(pending, heavy_running, parallel, apart=()):
     return None
 
 
-def record_times(path, results, wall, parallel, previous=None):
+def record_times(path, results, wall, parallel, previous=None, cpu=None):
     """Write FILE: every job's last passing time (a failed job keeps its earlier one) and a
-    summary of this run. Written whole to a temporary file, then renamed."""
+    summary of this run (with ``cpu``, the run's CPU seconds by process kind). Written whole
+    to a temporary file, then renamed."""
     jobs = {name: int(round(s)) for name, s in (previous or {}).items()}
     for name, rc, took in results:
         if rc == 0:
@@ -102,6 +108,8 @@ def record_times(path, results, wall, parallel, previous=None):
             "job_s": {name: int(round(took)) for name, _rc, took in results},
         },
     }
+    if cpu:
+        doc["last_run"]["cpu_s"] = {k: int(round(v)) for k, v in cpu.items()}
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=2)
@@ -138,18 +146,8 @@ def failure_digest(lines, limit=60):
     return kept[-limit:]
 
 
-def run(jobs, parallel, log_dir, out=sys.stdout, light=(), times_file=None, apart=()):
-    os.makedirs(log_dir, exist_ok=True)
-    times = load_times(times_file) if times_file else {}
-    if times_file:
-        jobs = order_by_cost(jobs, times)
-        print("=== order by the times in %s: %s" % (
-            times_file, ", ".join("%s (%s)" % (n, "%.0f s" % times[n] if n in times else "new")
-                                  for n, _argv in jobs)), file=out, flush=True)
-    pending = [(name, argv, True) for name, argv in light] + [(name, argv, False) for name, argv in jobs]
-    running = {}  # Popen -> (name, log path, log file, start, light)
-    results = []
-    t0 = time.time()
+def _run_jobs(pending, running, results, parallel, apart, log_dir, t0, out):
+    """Start pending jobs as slots free up and collect them until none is left."""
     while pending or running:
         while True:
             i = next_job(pending, [v[0] for v in running.values() if not v[4]], parallel, apart)
@@ -176,6 +174,32 @@ def run(jobs, parallel, log_dir, out=sys.stdout, light=(), times_file=None, apar
                     out.write(line)
             print("=== %s: %s in %.0f s" % (name, status, took), file=out, flush=True)
             results.append((name, proc.returncode, took))
+
+
+def run(jobs, parallel, log_dir, out=sys.stdout, light=(), times_file=None, apart=(),
+        cpu_file=None):
+    os.makedirs(log_dir, exist_ok=True)
+    if cpu_file:
+        why = cpu_account.start(cpu_file)
+        if why:
+            print("=== no CPU accounting (%s): the run goes on without it" % why, file=out)
+            cpu_file = None
+    times = load_times(times_file) if times_file else {}
+    if times_file:
+        jobs = order_by_cost(jobs, times)
+        print("=== order by the times in %s: %s" % (
+            times_file, ", ".join("%s (%s)" % (n, "%.0f s" % times[n] if n in times else "new")
+                                  for n, _argv in jobs)), file=out, flush=True)
+    pending = [(name, argv, True) for name, argv in light] + [(name, argv, False) for name, argv in jobs]
+    running = {}  # Popen -> (name, log path, log file, start, light)
+    results = []
+    t0 = time.time()
+    try:
+        _run_jobs(pending, running, results, parallel, apart, log_dir, t0, out)
+    except BaseException:
+        if cpu_file:
+            cpu_account.stop()  # interrupted: accounting does not outlive the run
+        raise
     wall = time.time() - t0
     print("=== suite: %d jobs, %d at a time, %.0f s wall" % (len(results), parallel, wall),
           file=out)
@@ -183,8 +207,18 @@ def run(jobs, parallel, log_dir, out=sys.stdout, light=(), times_file=None, apar
     for name, rc, took in sorted(results, key=lambda r: -r[2]):
         print("    %-24s %7.0f  %s" % (name, took, "passed" if rc == 0 else "FAILED"), file=out)
     print("    %-24s %7.0f  (jobs summed)" % ("total", sum(r[2] for r in results)), file=out)
+    cpu = None
+    if cpu_file:
+        why = cpu_account.stop()
+        records = cpu_account.read(cpu_file)
+        print("=== CPU by process kind (BSD process accounting, %s%s)"
+              % (cpu_file, "; " + why if why else ""), file=out)
+        for line in cpu_account.table(records):
+            print(line, file=out)
+        by, _total = cpu_account.summarize(records)
+        cpu = {k: v[0] for k, v in by.items()}
     if times_file:
-        record_times(times_file, results, wall, parallel, times)
+        record_times(times_file, results, wall, parallel, times, cpu=cpu)
         print("=== times written to %s" % times_file, file=out)
     failed = [name for name, rc, _took in results if rc != 0]
     for name in failed:
@@ -212,6 +246,9 @@ def main(argv=None):
     ap.add_argument("--apart", action="append", default=[], metavar="NAME,NAME",
                     help="two heavy jobs that never run at the same time (both measure vLLM "
                          "servers side by side on the same cores)")
+    ap.add_argument("--cpu-account", default=None, metavar="FILE",
+                    help="turn the kernel's process accounting on into FILE for the run and "
+                         "print its CPU by process kind at the end (tests/harness/cpu_account.py)")
     ap.add_argument("job", nargs="+", type=parse_job, help="NAME=COMMAND")
     args = ap.parse_args(argv)
     if args.jobs < 1:
@@ -230,7 +267,7 @@ def main(argv=None):
             ap.error("--apart takes two job names separated by a comma, got %r" % pair)
         apart.add(tuple(names_))
     return run(args.job, args.jobs, args.log_dir, light=args.light, times_file=args.times,
-               apart=apart)
+               apart=apart, cpu_file=args.cpu_account)
 
 
 if __name__ == "__main__":
