@@ -21,10 +21,11 @@ Settings (--settings, default all, in this order):
   cache, VLLM_USE_AOT_COMPILE=1);
 * ``aot-off``: VLLM_USE_AOT_COMPILE=0 (torch.compile with Inductor's own caches);
 * ``eager``: --enforce-eager (no torch.compile at all).
-* ``cpu-tiny``: how the cpu-tiny profile starts (--enforce-eager, no core binding, one
-  OpenMP thread);
-* ``cpu-tiny-2proc``: the same with VLLM_ENABLE_V1_MULTIPROCESSING=0 (vLLM CPU then runs the
-  model in the engine core process: two Python processes instead of three).
+* ``cpu-tiny``: how the cpu-tiny profile starts: --enforce-eager and the profile's own
+  environment (profiles/cpu-tiny.yml: no core binding, one OpenMP thread, the model in the
+  engine core's process, two Python processes);
+* ``cpu-tiny-3proc``: the same with VLLM_ENABLE_V1_MULTIPROCESSING=1 (vLLM's default: the
+  model in a worker process of its own, three Python processes).
 
 Printed: a table (setting; cold and median warm seconds to healthy; cold and median warm
 engine-init seconds; tok/s; CPU ms per 1k tokens; the cache lines of the warm starts) and each
@@ -46,14 +47,17 @@ import time
 import urllib.error
 import urllib.request
 
-# The cpu-tiny profile's environment: no core binding, one OpenMP thread.
-CPU_TINY_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+with open(os.path.join(ROOT, "profiles", "cpu-tiny.yml")) as _f:
+    CPU_TINY_ENV = yaml.safe_load(_f)["env"]
 SETTINGS = {
     "default": ({}, []),
     "aot-off": ({"VLLM_USE_AOT_COMPILE": "0"}, []),
     "eager": ({}, ["--enforce-eager"]),
     "cpu-tiny": (CPU_TINY_ENV, ["--enforce-eager"]),
-    "cpu-tiny-2proc": (dict(CPU_TINY_ENV, VLLM_ENABLE_V1_MULTIPROCESSING="0"), ["--enforce-eager"]),
+    "cpu-tiny-3proc": (dict(CPU_TINY_ENV, VLLM_ENABLE_V1_MULTIPROCESSING="1"), ["--enforce-eager"]),
 }
 PROFILE_ARGS = ["--dtype", "float32", "--kv-cache-memory-bytes", "134217728",
                 "--max-model-len", "512"]

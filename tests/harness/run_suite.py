@@ -196,10 +196,9 @@ def run(jobs, parallel, log_dir, out=sys.stdout, light=(), times_file=None, apar
     t0 = time.time()
     try:
         _run_jobs(pending, running, results, parallel, apart, log_dir, t0, out)
-    except BaseException:
-        if cpu_file:
-            cpu_account.stop()  # interrupted: accounting does not outlive the run
-        raise
+    finally:
+        # off however the run ends: accounting does not outlive it
+        why = cpu_account.stop() if cpu_file else None
     wall = time.time() - t0
     print("=== suite: %d jobs, %d at a time, %.0f s wall" % (len(results), parallel, wall),
           file=out)
@@ -209,7 +208,6 @@ def run(jobs, parallel, log_dir, out=sys.stdout, light=(), times_file=None, apar
     print("    %-24s %7.0f  (jobs summed)" % ("total", sum(r[2] for r in results)), file=out)
     cpu = None
     if cpu_file:
-        why = cpu_account.stop()
         records = cpu_account.read(cpu_file)
         print("=== CPU by process kind (BSD process accounting, %s%s)"
               % (cpu_file, "; " + why if why else ""), file=out)
