@@ -39,6 +39,9 @@
 #                                       it ended, its files and exit status too
 #   tests/gpu/host.sh smi               record the GPU's utilization, power, SM clock and memory
 #                                       every 5 s into $ST/nvidia-smi.csv until the machine goes back
+#   tests/gpu/host.sh acceptance        after `prepare`: deploy, re-run (changed=0), kill9, gate accept
+#                                       and gate slow in auto mode, the tuner's screen; one verdict
+#                                       row a step, the table into $OUT/acceptance.md (run it under bg)
 #   tests/gpu/host.sh collect           logs, journal, write-back, unit files into $OUT
 #   tests/gpu/host.sh unitlog [INST]    the journal of vllm-INST.service (main), gzipped, into $OUT
 #   tests/gpu/host.sh stop              stop the host
@@ -465,6 +468,93 @@ step_stacks() {
   return 0
 }
 
+# One acceptance sequence, after staging and `prepare`, as a user runs the features on one GPU
+# with the defaults (one instance, no GPU set declared, `vllm_install_gate_mode` auto): a bare
+# host to serving, the re-run (changed=0), kill -9 recovery, the upgrade gate accepting a good
+# pin and rejecting a slow one, then the tuner's screen on the MiniMax-M2.5 cut within what is
+# left of GPU_HOST_ACCEPT_BUDGET_S (1,380 s from its start; the grid is a step of its own). Each
+# step's verdict is checked here and printed as a table row as it ends (the console log comes
+# back with every `wait`), and the table is written to $OUT/acceptance.md. Exit 0 only when every
+# step that ran passed.
+step_acceptance() {
+  local t0=$SECONDS t rep=$OUTD/acceptance.md failed=0 cur before left mins
+  accept_row() { # accept_row STEP VERDICT DETAIL SECONDS
+    printf '| %s | %s | %s | %s |\n' "$1" "$2" "$3" "$4" | tee -a "$rep"
+    [ "$2" = PASS ] || [ "$2" = "not run" ] || failed=1
+  }
+  printf '| step | verdict | what was checked | s |\n| --- | --- | --- | ---: |\n' | tee "$rep"
+  step_smi >/dev/null
+  t=$SECONDS
+  if step_deploy first llama >/dev/null; then
+    accept_row "bare host to serving (deploy first llama)" PASS "rc=0, $(recap first)" $((SECONDS - t))
+  else
+    accept_row "bare host to serving (deploy first llama)" FAIL "$(recap first); see deploy-first.log" $((SECONDS - t))
+    return 1
+  fi
+  t=$SECONDS
+  if step_deploy second llama >/dev/null && recap second | grep -q ' changed=0 '; then
+    accept_row "re-run (deploy second llama)" PASS "rc=0, changed=0: $(recap second)" $((SECONDS - t))
+  else
+    accept_row "re-run (deploy second llama)" FAIL "$(recap second)" $((SECONDS - t))
+  fi
+  t=$SECONDS
+  if step_kill9 >"$ST/kill9.txt" 2>&1; then
+    accept_row "kill -9 recovery (kill9)" PASS "$(grep -o 'healthy again [0-9]* s after kill -9; old processes left: [a-z]*' "$ST/kill9.txt"), no GPU process outside the unit" $((SECONDS - t))
+  else
+    accept_row "kill -9 recovery (kill9)" FAIL "$(tail -2 "$ST/kill9.txt" | tr '\n' ' ')" $((SECONDS - t))
+  fi
+  cp "$ST/kill9.txt" "$OUTD/"
+  t=$SECONDS
+  step_gate accept >/dev/null
+  if grep -q 'Upgrade gate, window mode (' "$ST/gate-accept.log" && grep -q 'Upgrade gate accepted' "$ST/gate-accept.log" \
+      && grep -q 'gate accept rc=0' "$ST/gate-accept.log" && ! gate_leftovers && ssh_host "curl -sf -o /dev/null http://127.0.0.1:$VLLM_PORT/health"; then
+    accept_row "gate, a good pin (gate accept, auto)" PASS "auto chose window; ACCEPT; $(gate_facts accept)" $((SECONDS - t))
+  else
+    accept_row "gate, a good pin (gate accept, auto)" FAIL "$(gate_facts accept); see gate-accept.log" $((SECONDS - t))
+  fi
+  before=$(ssh_host readlink -f /opt/vllm-deploy/current)
+  t=$SECONDS
+  step_gate slow >/dev/null
+  cur=$(ssh_host readlink -f /opt/vllm-deploy/current)
+  if grep -q 'Upgrade gate, window mode (' "$ST/gate-slow.log" && grep -q 'Upgrade gate REJECTED' "$ST/gate-slow.log" \
+      && [ "$cur" = "$before" ] && ! gate_leftovers && ssh_host "curl -sf -o /dev/null http://127.0.0.1:$VLLM_PORT/health"; then
+    accept_row "gate, a slow pin (gate slow, auto)" PASS "auto chose window; REJECT; the accepted venv serves again; $(gate_facts slow)" $((SECONDS - t))
+  else
+    accept_row "gate, a slow pin (gate slow, auto)" FAIL "current $cur (before $before); $(gate_facts slow); see gate-slow.log" $((SECONDS - t))
+  fi
+  # The tuner gets what is left of the budget, less the MiniMax deploy (~200 s) and the restore.
+  left=$(( ${GPU_HOST_ACCEPT_BUDGET_S:-1380} - (SECONDS - t0) ))
+  mins=$(( (left - 200 - 120) / 60 ))
+  if [ "$mins" -lt 3 ]; then
+    accept_row "tuner (screen, MiniMax-M2.5 cut)" "not run" "${left} s of the budget left, less than the deploy, 3 minutes of search and the restore" 0
+  else
+    t=$SECONDS
+    if ! GPU_HOST_DEPLOY_TIMEOUT=400 step_deploy tune minimax --skip-tags vllm_benchmark >/dev/null; then
+      accept_row "tuner (screen, MiniMax-M2.5 cut)" FAIL "the MiniMax deploy failed: $(recap tune)" $((SECONDS - t))
+    else
+      local td=$((SECONDS - t))
+      t=$SECONDS
+      if step_tune --profile minimax-m2.5-tp4 --profile-overrides '{"parallel": {"tensor": 1}, "max_model_len": 8192}' \
+          --extra-args "--load-format dummy" --gpus 1 --gpu-memory-mib "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)" \
+          --model-config "$MODELS/minimax-m2.5-reduced/config.json" --slo mlperf-interactive --params-b 229 \
+          --strategy screen --minutes "$mins" --candidates 8 --levels 1,64 --window 6 --rounds 2 --input-len 256 --output-len 128 \
+          --ep false,true --knob max-num-seqs=default,512 --knob kv-cache-dtype=default,fp8 >"$ST/tune-accept.txt" 2>&1; then
+        accept_row "tuner (screen, MiniMax-M2.5 cut)" PASS "deploy ${td} s; $(grep -A1 -m1 '^winner:' "$OUTD/tune.txt" | tr '\n' ' ' | cut -c1-240)" $((SECONDS - t))
+      else
+        accept_row "tuner (screen, MiniMax-M2.5 cut)" FAIL "$(tail -3 "$OUTD/tune.txt" | tr '\n' ' ' | cut -c1-300)" $((SECONDS - t))
+      fi
+    fi
+  fi
+  echo "acceptance: $([ $failed = 0 ] && echo PASSED || echo FAILED) in $((SECONDS - t0)) s" | tee -a "$rep"
+  return $failed
+}
+recap() { grep -A1 'PLAY RECAP' "$ST/deploy-$1.log" 2>/dev/null | tail -1 | sed 's/^[^:]*: *//; s/  */ /g'; }
+gate_leftovers() { ssh_host "ls /run/vllm-gate-* 2>/dev/null; systemctl list-units --all --plain --no-legend 'vllm-gate-*'" | grep -q .; }
+gate_facts() { # the gate's verdict line, its downtime and its rc, from its log
+  { grep -o 'verdict: [A-Z]*' "$ST/gate-$1.log" | tail -1; grep -oE 'down [0-9]+ s' "$ST/gate-$1.log" | tail -1
+    grep -o "gate $1 rc=[0-9]* in [0-9]* s" "$ST/gate-$1.log"; } | tr '\n' ';' | sed 's/;$//; s/;/; /g'
+}
+
 step_collect() {
   # vLLM's own account of each start: weights, KV cache, graphs, compile, limits, warnings
   ssh_host "journalctl -u vllm-main.service --no-pager -o short-iso | grep -E 'Model loading took|Available KV cache|GPU KV cache size|Maximum concurrency|Graph capturing|torch.compile took|ulimit|Using .*backend|JIT|WARNING|ERROR|Started|Stopped|Main process exited'" \
@@ -543,6 +633,7 @@ case ${1:-} in
   gate) step_gate "$2" ;;
   sleep) step_sleep ;;
   sleep-bare) step_sleep_bare ;;
+  acceptance) step_acceptance ;;
   collect) step_collect ;;
   unitlog) step_unitlog "${2:-}" ;;
   smi) step_smi ;;
