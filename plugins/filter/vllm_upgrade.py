@@ -8,11 +8,13 @@ from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.upgrade import gat
 
 
 def vllm_upgrade_decision(candidate_levels, current_levels, correctness, coherence=None,
-                          tolerance_pct=5.0, min_token_match=0.9, override=False):
+                          tolerance_pct=5.0, min_token_match=0.9, override=False,
+                          current_after_levels=None):
     """Accept or reject a new vLLM pin (see vllm_upgrade_gate.decide)."""
     try:
         return gate.decide(candidate_levels, current_levels, correctness, coherence,
-                           float(tolerance_pct), float(min_token_match), bool(override))
+                           float(tolerance_pct), float(min_token_match), bool(override),
+                           current_after_levels)
     except (gate.GateError, ValueError) as exc:
         raise AnsibleFilterError("vllm_upgrade_decision: %s" % exc)
 

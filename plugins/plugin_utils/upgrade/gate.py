@@ -10,10 +10,15 @@ comparison): a level is ``worse`` only when the whole interval of candidate/curr
 lies below ``1 - tolerance``.
 
 ``decide(candidate_levels, current_levels, correctness, coherence, tolerance_pct,
-min_token_match, override=False)`` returns ``accepted``, ``verdict`` (``accept``,
-``reject`` or ``override``), ``reasons`` (why it rejects; empty when it accepts), ``rows``
-(one per level: current and candidate tok/s with intervals, ratio and its interval, verdict)
-and ``correctness`` (the figures). ``render_table(decision, ...)`` is the side-by-side table a
+min_token_match, override=False, current_after_levels=None)`` returns ``accepted``,
+``verdict`` (``accept``, ``reject`` or ``override``), ``reasons`` (why it rejects; empty when
+it accepts), ``speed_only`` (it rejects on speed alone), ``rows`` (one per level: current and
+candidate tok/s with intervals, ratio and its interval, verdict) and ``correctness`` (the
+figures). ``current_after_levels`` is the current version measured again after the candidate
+(the role does that when the first decision rejects on speed alone): the spread between the
+current version's two measurements is the host's own drift over the gate, and a level is then
+worse only when the candidate lies below both measurements by more than the tolerance plus
+that drift. ``render_table(decision, ...)`` is the side-by-side table a
 rejected upgrade prints. ``candidate_argv(argv, current_link, venv, port)`` is the serving
 instance's command line run from the new venv on another port. ``history_entry(...)`` and
 ``merge_history(...)`` make the per-host history the inventory keeps.
@@ -41,13 +46,38 @@ def _interval(level):
     return {"value": value, "low": value - half, "high": value + half}
 
 
+def _bracketed(cand_level, cur_level, after_level, tol):
+    """The candidate against the current version measured before and after it: the relative
+    spread of the two current measurements (drift) widens the tolerance; worse (or better) only
+    against both. Returns a compare_levels-like row plus ``drift``."""
+    metric = GATED_METRICS
+    one = sweep_compare.compare_levels([cand_level], [cur_level], metrics=metric, tolerance=0.0)["rows"]
+    two = sweep_compare.compare_levels([cand_level], [after_level], metrics=metric, tolerance=0.0)["rows"]
+    if not one or not two:
+        return None
+    a, b = _interval(cur_level)["value"], _interval(after_level)["value"]
+    drift = abs(a - b) / ((a + b) / 2.0) if a + b > 0 else 0.0
+    wide = min(tol + drift, 0.99)
+    rows = [sweep_compare.compare_levels([cand_level], [lv], metrics=metric, tolerance=wide)["rows"][0]
+            for lv in (cur_level, after_level)]
+    verdicts = set(r["verdict"] for r in rows)
+    verdict = verdicts.pop() if len(verdicts) == 1 else "tie"
+    cand = _interval(cand_level)["value"]
+    ratio = cand / ((a + b) / 2.0)
+    lo = min(r["ratio_ci"][0] for r in rows)
+    hi = max(r["ratio_ci"][1] for r in rows)
+    return {"concurrency": cand_level["concurrency"], "ratio": ratio, "ratio_ci": [lo, hi],
+            "verdict": verdict, "noise_pct": 100.0 * (hi - lo) / 2.0 / ratio, "drift": drift}
+
+
 def decide(candidate_levels, current_levels, correctness, coherence=None, tolerance_pct=5.0,
-           min_token_match=0.9, override=False):
+           min_token_match=0.9, override=False, current_after_levels=None):
     """Accept or reject the candidate; see the module documentation.
 
     ``correctness``: the candidate's ``vllm_correctness`` comparison (``token_match_rate``,
     ``logprob_gap_max``, ...) against the current version's outputs. ``coherence``: a dict
-    check name -> bool (the venv's verify steps: import and version match, flashinfer)."""
+    check name -> bool (the venv's verify steps: import and version match, flashinfer).
+    ``current_after_levels``: the current version's sweep taken again after the candidate's."""
     if not isinstance(correctness, dict) or correctness.get("token_match_rate") is None:
         raise GateError("no correctness comparison of the candidate with the current version")
     tol = float(tolerance_pct) / 100.0
@@ -60,20 +90,28 @@ def decide(candidate_levels, current_levels, correctness, coherence=None, tolera
                            [lv.get("concurrency") for lv in current_levels or []]))
     cur = dict((lv["concurrency"], lv) for lv in current_levels)
     cand = dict((lv["concurrency"], lv) for lv in candidate_levels)
-    rows, reasons = [], []
+    after = dict((lv["concurrency"], lv) for lv in current_after_levels or [])
+    rows, reasons, speed = [], [], 0
     for r in cmp_["rows"]:
         c = r["concurrency"]
+        b = _bracketed(cand[c], cur[c], after[c], tol) if c in after else None
+        r = b or r
         row = {"concurrency": c, "current": _interval(cur[c]), "candidate": _interval(cand[c]),
                "ratio": r["ratio"], "ratio_ci": r["ratio_ci"], "verdict": r["verdict"],
                "noise_pct": r["noise_pct"],
                "failed": [int(cur[c].get("requests_failed") or 0),
                           int(cand[c].get("requests_failed") or 0)]}
+        if b:
+            row.update(current_after=_interval(after[c]), drift_pct=100.0 * b["drift"])
         rows.append(row)
         if r["verdict"] == "worse":
+            speed += 1
             reasons.append("output tok/s at concurrency %d is %.1f%% of the current version's "
-                           "(95%% interval %.1f-%.1f%%), below the %.1f%% tolerance beyond the noise"
+                           "(95%% interval %.1f-%.1f%%), below the %.1f%% tolerance beyond the noise%s"
                            % (c, 100 * r["ratio"], 100 * r["ratio_ci"][0],
-                              100 * r["ratio_ci"][1], float(tolerance_pct)))
+                              100 * r["ratio_ci"][1], float(tolerance_pct),
+                              " and the current version's own drift (%.1f%% between its two "
+                              "measurements)" % (100.0 * b["drift"]) if b else ""))
         if row["failed"][1] > row["failed"][0]:
             reasons.append("%d requests failed at concurrency %d on the candidate (%d on the "
                            "current version)" % (row["failed"][1], c, row["failed"][0]))
@@ -87,6 +125,8 @@ def decide(candidate_levels, current_levels, correctness, coherence=None, tolera
     accepted = not reasons or bool(override)
     verdict = "accept" if not reasons else ("override" if override else "reject")
     return {"accepted": accepted, "verdict": verdict, "reasons": reasons, "rows": rows,
+            "speed_only": bool(reasons) and speed == len(reasons),
+            "bracketed": any("current_after" in r for r in rows),
             "tolerance_pct": float(tolerance_pct), "min_token_match": float(min_token_match),
             "correctness": {k: correctness.get(k) for k in
                             ("token_match_rate", "prefix_match_rate", "exact_match_prompts",
@@ -108,11 +148,16 @@ def _iv(m):
 def render_table(decision, current_pin="current", candidate_pin="candidate", journal=None,
                  mode=None, comparison=None):
     """The side-by-side table (plain text, fixed width) and what follows it."""
+    again = any("current_after" in r for r in decision["rows"])
     head = ("conc", "%s tok/s [95%%]" % current_pin, "%s tok/s [95%%]" % candidate_pin,
             "ratio [95%]", "verdict")
     body = [(str(r["concurrency"]), _iv(r["current"]), _iv(r["candidate"]),
              "%.3f [%.3f-%.3f]" % (r["ratio"], r["ratio_ci"][0], r["ratio_ci"][1]),
              r["verdict"]) for r in decision["rows"]]
+    if again:
+        head = head[:3] + ("%s again tok/s [95%%]" % current_pin, "drift") + head[3:]
+        body = [b[:3] + (_iv(r.get("current_after")), "%.1f%%" % r.get("drift_pct", 0.0)) + b[3:]
+                for b, r in zip(body, decision["rows"])]
     widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
 
     def line(cells):
@@ -130,8 +175,10 @@ def render_table(decision, current_pin="current", candidate_pin="candidate", jou
     if decision["coherence"]:
         out.append("coherence: " + ", ".join("%s %s" % (k, "ok" if v else "FAILED")
                                              for k, v in sorted(decision["coherence"].items())))
-    out.append("tolerance %.1f%% beyond the noise; %s" % (
-        decision["tolerance_pct"], comparison or "both measured in this run"))
+    out.append("tolerance %.1f%% beyond the noise%s; %s" % (
+        decision["tolerance_pct"],
+        " and the current version's drift (measured before and after the candidate; a level is "
+        "worse only below both)" if again else "", comparison or "both measured in this run"))
     if mode:
         out.append("mode: %s" % mode)
     out.append("verdict: %s%s" % (decision["verdict"].upper(),

@@ -48,6 +48,71 @@ def test_a_drop_inside_the_noise_is_a_tie_not_a_rejection():
     assert not d["accepted"] and d["rows"][0]["verdict"] == "worse"
 
 
+def test_a_speed_rejection_is_marked_speed_only_and_others_are_not():
+    slow = gate.decide([level(1, 80.0, 1.0)], [level(1, 100.0, 1.0)], GOOD, None, 5, 0.9)
+    assert slow["speed_only"] and not slow["bracketed"]
+    wrong = gate.decide([level(1, 80.0, 1.0)], [level(1, 100.0, 1.0)], BAD, None, 5, 0.9)
+    assert not wrong["accepted"] and not wrong["speed_only"]
+    failed = gate.decide([level(1, 80.0, 1.0, failed=3)], [level(1, 100.0, 1.0)], GOOD, None, 5, 0.9)
+    assert not failed["speed_only"]
+    ok = gate.decide([level(1, 100.0, 1.0)], [level(1, 100.0, 1.0)], GOOD, None, 5, 0.9)
+    assert ok["accepted"] and not ok["speed_only"]
+
+
+# The H200 acceptance run of 2026-12-04: the same build in two venvs, the current version
+# measured first at C=1 552.0 [529.9-574.0] and the candidate after its start 452.7
+# [423.9-481.5]: 0.820 [0.764-0.880], a rejection on speed alone.
+H200_CUR = [level(1, 552.0, 22.05), level(16, 6200.7, 640.8)]
+H200_CAND = [level(1, 452.7, 28.8), level(16, 6247.5, 319.3)]
+
+
+def test_the_h200_false_rejection_without_the_second_measurement():
+    d = gate.decide(H200_CAND, H200_CUR, GOOD, None, 5, 0.9)
+    assert not d["accepted"] and d["speed_only"]
+    assert [r["verdict"] for r in d["rows"]] == ["worse", "tie"]
+    assert d["rows"][0]["ratio"] == pytest.approx(0.820, abs=0.001)
+
+
+def test_the_current_version_as_slow_afterwards_is_drift_and_accepts():
+    # the host slowed down: the current version measured again after the candidate gives
+    # 470 tok/s at C=1; the candidate is within the drift of the two current measurements
+    after = [level(1, 470.0, 20.0), level(16, 6150.0, 400.0)]
+    d = gate.decide(H200_CAND, H200_CUR, GOOD, None, 5, 0.9, current_after_levels=after)
+    assert d["accepted"] and d["verdict"] == "accept" and d["bracketed"]
+    row = d["rows"][0]
+    assert row["verdict"] == "tie"
+    assert row["drift_pct"] == pytest.approx(100 * 82.0 / 511.0, abs=0.01)
+    assert row["current_after"]["value"] == 470.0
+    assert row["ratio"] == pytest.approx(452.7 / 511.0)
+    table = gate.render_table(d, "old", "new")
+    assert "old again tok/s [95%]" in table and "16.0%" in table
+    assert "worse only below both" in table
+
+
+def test_the_current_version_as_fast_afterwards_confirms_the_rejection():
+    after = [level(1, 548.0, 20.0), level(16, 6190.0, 500.0)]
+    d = gate.decide(H200_CAND, H200_CUR, GOOD, None, 5, 0.9, current_after_levels=after)
+    assert not d["accepted"] and d["bracketed"] and d["speed_only"]
+    assert [r["verdict"] for r in d["rows"]] == ["worse", "tie"]
+    assert "drift (0.7% between its two measurements)" in d["reasons"][0]
+
+
+def test_a_candidate_below_one_current_measurement_only_is_a_tie():
+    # 460 is far below the first (552) but not below the second (455) beyond the noise
+    after = [level(1, 455.0, 5.0)]
+    d = gate.decide([level(1, 460.0, 5.0)], [level(1, 552.0, 5.0)], GOOD, None, 5, 0.9,
+                    current_after_levels=after)
+    assert d["accepted"] and d["rows"][0]["verdict"] == "tie"
+
+
+def test_a_real_regression_stays_rejected_through_any_plausible_drift():
+    # the injected slow step on the H200: 2-3 % of the current speed
+    after = [level(1, 480.0, 20.0)]
+    d = gate.decide([level(1, 12.1, 0.2)], [level(1, 552.0, 22.0)], GOOD, None, 5, 0.9,
+                    current_after_levels=after)
+    assert not d["accepted"] and d["rows"][0]["verdict"] == "worse"
+
+
 def test_within_tolerance_accepts_even_when_measurably_slower():
     d = gate.decide([level(1, 97.0, 0.2)], [level(1, 100.0, 0.2)], GOOD, None, 5, 0.9)
     assert d["accepted"]
