@@ -514,17 +514,22 @@ step_acceptance() {
   fi
   before=$(ssh_host readlink -f /opt/vllm-deploy/current)
   t=$SECONDS
-  step_gate slow >/dev/null
-  cur=$(ssh_host readlink -f /opt/vllm-deploy/current)
-  if grep -q 'Upgrade gate, window mode (' "$ST/gate-slow.log" && grep -q 'Upgrade gate REJECTED' "$ST/gate-slow.log" \
-      && [ "$cur" = "$before" ] && ! gate_leftovers && ssh_host "curl -sf -o /dev/null http://127.0.0.1:$VLLM_PORT/health"; then
-    accept_row "gate, a slow pin (gate slow, auto)" PASS "auto chose window; REJECT; the accepted venv serves again; $(gate_facts slow)" $((SECONDS - t))
+  if ! grep -q 'Upgrade gate accepted' "$ST/gate-accept.log"; then
+    # the slow pin is the accepted pin's predecessor: without an accepted pin it is no pin change
+    accept_row "gate, a slow pin (gate slow, auto)" "not run" "the good pin was not accepted, so switching back to the first venv is no pin change" 0
   else
-    accept_row "gate, a slow pin (gate slow, auto)" FAIL "current $cur (before $before); $(gate_facts slow); see gate-slow.log" $((SECONDS - t))
+    step_gate slow >/dev/null
+    cur=$(ssh_host readlink -f /opt/vllm-deploy/current)
+    if grep -q 'Upgrade gate, window mode (' "$ST/gate-slow.log" && grep -q 'Upgrade gate REJECTED' "$ST/gate-slow.log" \
+        && [ "$cur" = "$before" ] && ! gate_leftovers && ssh_host "curl -sf -o /dev/null http://127.0.0.1:$VLLM_PORT/health"; then
+      accept_row "gate, a slow pin (gate slow, auto)" PASS "auto chose window; REJECT; the accepted venv serves again; $(gate_facts slow)" $((SECONDS - t))
+    else
+      accept_row "gate, a slow pin (gate slow, auto)" FAIL "current $cur (before $before); $(gate_facts slow); see gate-slow.log" $((SECONDS - t))
+    fi
   fi
-  # The tuner gets what is left of the budget, less the MiniMax deploy (~200 s) and the restore.
+  # The tuner gets what is left of the budget, less the MiniMax deploy (280 s on 2026-12-04) and the restore.
   left=$(( ${GPU_HOST_ACCEPT_BUDGET_S:-1380} - (SECONDS - t0) ))
-  mins=$(( (left - 200 - 120) / 60 ))
+  mins=$(( (left - 300 - 120) / 60 ))
   if [ "$mins" -lt 3 ]; then
     accept_row "tuner (screen, MiniMax-M2.5 cut)" "not run" "${left} s of the budget left, less than the deploy, 3 minutes of search and the restore" 0
   else
