@@ -6,27 +6,34 @@ runs it at every interpreter start of that venv (API server and engine core proc
 * "slow": every engine step sleeps 50 ms first (a nightly that serves several times slower);
 * "decode": greedy sampling picks the second-best token (a nightly that decodes wrongly);
 * "crash": the engine core raises while it starts (a nightly that installs and imports but
-  cannot serve: the API server exits, systemd restarts it, it never becomes ready).
+  cannot serve: the API server exits, systemd restarts it, it never becomes ready);
+* "drift": every engine step sleeps 50 ms while the file DRIFT_FLAG exists: the host got
+  slower, for every process of a hooked venv that starts while it is so (the test creates and
+  removes the file).
 
 It hooks the vLLM module when it is first imported, so nothing else of the venv changes.
 """
 import importlib.abc
 import importlib.util
+import os
 import sys
 import time
 
 _TARGETS = {"slow": "vllm.v1.engine.core", "decode": "vllm.v1.sample.sampler",
-            "crash": "vllm.v1.engine.core"}
+            "crash": "vllm.v1.engine.core", "drift": "vllm.v1.engine.core"}
 CRASH_MESSAGE = "vd_gate_regression: injected crash while the engine core starts"
+DRIFT_FLAG = "/run/vd-gate-drift"
 
 
 def _patch(mode, mod):
-    if mode == "slow":
+    if mode in ("slow", "drift"):
+        always = mode == "slow"
         for name in ("step", "step_with_batch_queue"):
             orig = getattr(mod.EngineCore, name)
 
             def slow(self, *a, _orig=orig, **k):
-                time.sleep(0.05)
+                if always or os.path.exists(DRIFT_FLAG):
+                    time.sleep(0.05)
                 return _orig(self, *a, **k)
             setattr(mod.EngineCore, name, slow)
     elif mode == "crash":
@@ -59,5 +66,6 @@ class _Hook(importlib.abc.MetaPathFinder):
 
 def install(mode):
     if mode not in _TARGETS:
-        raise ValueError("vd_gate_regression mode must be slow, decode or crash, got %r" % (mode,))
+        raise ValueError("vd_gate_regression mode must be slow, decode, crash or drift, got %r"
+                         % (mode,))
     sys.meta_path.insert(0, _Hook(mode))
