@@ -50,15 +50,14 @@ def _bracketed(cand_level, cur_level, after_level, tol):
     """The candidate against the current version measured before and after it: the relative
     spread of the two current measurements (drift) widens the tolerance; worse (or better) only
     against both. Returns a compare_levels-like row plus ``drift``."""
-    metric = GATED_METRICS
-    one = sweep_compare.compare_levels([cand_level], [cur_level], metrics=metric, tolerance=0.0)["rows"]
-    two = sweep_compare.compare_levels([cand_level], [after_level], metrics=metric, tolerance=0.0)["rows"]
-    if not one or not two:
+    cur, again = _interval(cur_level), _interval(after_level)
+    if cur is None or again is None or _interval(cand_level) is None:
         return None
-    a, b = _interval(cur_level)["value"], _interval(after_level)["value"]
+    a, b = cur["value"], again["value"]
     drift = abs(a - b) / ((a + b) / 2.0) if a + b > 0 else 0.0
     wide = min(tol + drift, 0.99)
-    rows = [sweep_compare.compare_levels([cand_level], [lv], metrics=metric, tolerance=wide)["rows"][0]
+    rows = [sweep_compare.compare_levels([cand_level], [lv], metrics=GATED_METRICS,
+                                         tolerance=wide)["rows"][0]
             for lv in (cur_level, after_level)]
     verdicts = set(r["verdict"] for r in rows)
     verdict = verdicts.pop() if len(verdicts) == 1 else "tie"
