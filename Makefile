@@ -129,11 +129,11 @@ json_list = [$(subst $(space),$(comma),$(strip $(foreach r,$(1),"$(r)")))]
 empty :=
 space := $(empty) $(empty)
 
-report: setup    ## make report RUN=inventory/demo/reports/<host>/<instance>/<timestamp>
+report: setup    ## make report RUN=inventory/demo/.reports/<host>/<instance>/<timestamp>
 	$(BIN)/ansible localhost -i localhost, -c local -m vllm_ops.deploy.vllm_report \
 	  -a '{"mode": "render", "run": "$(RUN)"}'
 
-compare: setup   ## make compare RUNS="inventory/demo/reports/h1 inventory/demo/reports/h2"
+compare: setup   ## make compare RUNS="inventory/demo/.reports/h1 inventory/demo/.reports/h2"
 	$(BIN)/ansible-playbook vllm_ops.deploy.compare -e '{"vllm_compare_runs": $(call json_list,$(RUNS))}'
 
 clean:

@@ -38,7 +38,7 @@ HUB_REPO = "demo/tiny-llama"  # = model_weights_repo_id in inventory/demo/group_
 HUB_STATE = os.path.join(testhost.CACHE, "demo-hub")
 HUB_VENV = os.path.join(testhost.CACHE, "hub-venv")
 HUB_REQUIREMENTS = os.path.join(ROOT, "requirements", "hub.txt")
-REPORTS = os.path.join(ROOT, "inventory", "demo", "reports")
+REPORTS = os.path.join(ROOT, "inventory", "demo", ".reports")
 ENDPOINT = "http://127.0.0.1:8100/v1"  # = vllm_service_host/_port in inventory/demo/group_vars
 
 
@@ -100,7 +100,7 @@ def endpoint(argv):
 
 
 def newest_sweep(since):
-    """The newest sweep.json the run wrote under inventory/demo/reports/ (None if none)."""
+    """The newest sweep.json the run wrote under inventory/demo/.reports/ (None if none)."""
     paths = [p for p in glob.glob(os.path.join(REPORTS, HOST, "*", "*", "sweep.json"))
              if os.path.getmtime(p) >= since]
     if not paths:

@@ -51,7 +51,7 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
     vllm_service_extra_args (e.g. ``--load-format dummy``), kept in every candidate.
 
     ``plan_only=True`` returns the candidates and the planner's refusals without serving.
-    ``report_dir`` (default <inventory>/reports/<host>/tune/<start time>) receives the reports
+    ``report_dir`` (default <inventory>/.reports/<host>/tune/<start time>) receives the reports
     and, from the first measurement on, ``measurements.jsonl``: one JSON line per measurement
     (candidate, layout, knobs, window, levels, each level's sweep summary with its interval,
     the score, the seconds it took, the error of a failed serve), appended as it is taken, so

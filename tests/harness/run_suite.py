@@ -123,24 +123,52 @@ def record_times(path, results, wall, parallel, previous=None, cpu=None):
 # the suite; CI logs are often read from the end.
 FAILURE_LINE = re.compile(r"^(FAILED |ERROR |E   |fatal: |failed: \[|CRITICAL |.*Executed: Failed"
                           r"|={3,} .*(failed|error).* ={3,}$|TASK \[)")
+# Colour codes, and the bar molecule draws before each line of Ansible's output.
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_MOLECULE_BAR = re.compile(r"^\s*\u2502 ?")
+# Lines of a failed task's result kept below its fatal line (Ansible's YAML result is indented).
+BODY_LINES = 12
+
+
+def _plain(line):
+    line = _ANSI.sub("", line.rstrip("\n"))
+    return _MOLECULE_BAR.sub("", line)
 
 
 def failure_digest(lines, limit=60):
-    """The lines of a failed job's output that name what failed, the last ``limit`` of them;
-    a TASK line is kept only when a failure follows it."""
+    """The lines of a failed job's output that name what failed, the last ``limit`` of them.
+
+    A failed Ansible task is kept with its TASK line and the first lines of its result, and left
+    out when Ansible ignored it (an expected refusal that a test asserts)."""
     kept = []
     task = None
-    for line in lines:
-        line = line.rstrip("\n")
+    body = None          # the failed task being collected: [task line, fatal line, result...]
+    for raw in lines:
+        line = _plain(raw)
+        if body is not None:
+            if line.startswith("...ignoring"):
+                body = None
+                continue
+            if line.startswith(" ") and line.strip() and len(body) < BODY_LINES + 2:
+                body.append(line[:400])
+                continue
+            if line.startswith(" ") and line.strip():
+                continue
+            kept.extend(body)
+            body = None
         if not FAILURE_LINE.match(line):
             continue
         if line.startswith("TASK ["):
             task = line
             continue
-        if task and (line.startswith("fatal: ") or line.startswith("failed: [")):
-            kept.append(task)
+        if line.startswith("fatal: ") or line.startswith("failed: ["):
+            body = ([task] if task else []) + [line[:400]]
+            task = None
+            continue
         task = None
         kept.append(line[:400])
+    if body is not None:
+        kept.extend(body)
     if not kept:
         return ["(no failure line found in the job's output)"]
     return kept[-limit:]

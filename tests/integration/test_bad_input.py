@@ -38,7 +38,8 @@ GOOD = {
 }
 
 
-def run_deploy(tmp_path, hostvars, group_vars=None, args=(), children=None, env_extra=None):
+def run_deploy(tmp_path, hostvars, group_vars=None, args=(), children=None, env_extra=None,
+               inventory_dir=False):
     inv = {"all": {"children": dict({"vllm_hosts": {"hosts": {"badhost": hostvars},
                                                     "vars": dict(GOOD, **(group_vars or {}))}},
                                     **(children or {}))}}
@@ -46,7 +47,8 @@ def run_deploy(tmp_path, hostvars, group_vars=None, args=(), children=None, env_
     path.write_text(yaml.safe_dump(inv))
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
                ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", **(env_extra or {}))
-    out = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", str(path), PLAYBOOK] + list(args),
+    source = str(tmp_path) if inventory_dir else str(path)
+    out = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", source, PLAYBOOK] + list(args),
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
     return out.returncode, out.stdout + out.stderr
 
@@ -126,6 +128,18 @@ def test_non_positive_sweep_levels_are_refused(tmp_path):
     rc, out = run_deploy(tmp_path, LOCAL, {"vllm_benchmark_levels": [1, 0, 4]})
     assert_refused_before_converge(rc, out)
     assert "vllm_benchmark_levels must be positive integers" in out
+
+
+def test_a_report_root_that_ansible_would_read_as_inventory_is_refused(tmp_path):
+    # Given the inventory directory, Ansible reads every file below it that is not hidden as
+    # an inventory source; the default root (.reports in it) is hidden.
+    root = tmp_path / "reports"
+    rc, out = run_deploy(tmp_path, LOCAL, {"vllm_benchmark_report_root": str(root)},
+                         inventory_dir=True)
+    assert_refused_before_converge(rc, out)
+    assert ("vllm_benchmark_report_root=%s lies inside the inventory directory %s"
+            % (root, os.path.realpath(tmp_path))) in out, out
+    assert "the default is %s/.reports" % tmp_path in out
 
 
 def test_bad_monitoring_settings_are_refused_naming_each(tmp_path):

@@ -372,10 +372,16 @@ class Tuner(object):
 JOURNAL_FILE = jr.JOURNAL_FILE
 
 
+# The reports' root in the inventory directory, the same as vllm_benchmark_report_root's
+# default: hidden, because Ansible given the inventory directory reads every other file in it
+# as an inventory source.
+REPORTS_DIR = ".reports"
+
+
 def report_dir_for(inventory_dir, host):
-    """Where a run's reports and its measurement journal go: <inventory>/reports/<host>/tune/
+    """Where a run's reports and its measurement journal go: <inventory>/.reports/<host>/tune/
     <the run's start time, UTC>."""
-    return os.path.join(inventory_dir, "reports", host, "tune",
+    return os.path.join(inventory_dir, REPORTS_DIR, host, "tune",
                         time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
 
 

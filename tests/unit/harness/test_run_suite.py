@@ -256,3 +256,24 @@ def test_the_digest_keeps_a_failed_ansible_task_with_its_task_line():
         "TASK [vllm_install : Gate: compare]",
         "fatal: [h1]: FAILED! => {\"msg\": \"candidate slower\"}"]
     assert run_suite.failure_digest(["all fine\n"]) == ["(no failure line found in the job's output)"]
+
+
+def test_the_digest_reads_molecule_output_keeps_the_result_and_leaves_out_ignored_failures():
+    bar = "  \x1b[2m\u2502\x1b[0m "
+    lines = [bar + "TASK [Refuse a bad pin]\n",
+             bar + "\x1b[0;31mfatal: [h1]: FAILED! =>\x1b[0m\n",
+             bar + "    msg: expected refusal\n",
+             bar + "...ignoring\n",
+             bar + "TASK [Check the model answers]\n",
+             bar + "fatal: [h1]: FAILED! =>\n",
+             bar + "    assertion: _reply.status == 200\n",
+             bar + "    msg: the model did not answer\n",
+             bar + "\n",
+             bar + "PLAY RECAP\n",
+             "\x1b[31mERROR   \x1b[0m service \u279c verify: Executed: Failed\n"]
+    assert run_suite.failure_digest(lines) == [
+        "TASK [Check the model answers]",
+        "fatal: [h1]: FAILED! =>",
+        "    assertion: _reply.status == 200",
+        "    msg: the model did not answer",
+        "ERROR    service \u279c verify: Executed: Failed"]
