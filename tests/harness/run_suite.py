@@ -127,7 +127,7 @@ FAILURE_LINE = re.compile(r"^(FAILED |ERROR |E   |fatal: |failed: \[|CRITICAL |.
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _MOLECULE_BAR = re.compile(r"^\s*\u2502 ?")
 # Lines of a failed task's result kept below its fatal line (Ansible's YAML result is indented).
-BODY_LINES = 12
+BODY_LINES = 30
 
 
 def _plain(line):

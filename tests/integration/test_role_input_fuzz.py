@@ -85,7 +85,7 @@ def read_by_checks(role):
     tasks = os.path.join(ROOT, "roles", role, "tasks")
     with open(os.path.join(tasks, "assert.yml")) as f:
         text += f.read()
-    for name in re.findall(r"import_tasks:\s*(\S+\.yml)", text):
+    for name in re.findall(r"(?:import|include)_tasks:\s*(\S+\.yml)", text):
         with open(os.path.join(tasks, name)) as f:
             text += f.read()
     vars_main = os.path.join(ROOT, "roles", role, "vars", "main.yml")
