@@ -74,8 +74,12 @@ def render_pair(tmp_path, profile, **extra_vars):
     ninja = stub.parent / "ninja"  # a tool that exists only in the venv
     ninja.write_text("#!/bin/sh\nexit 0\n")
     ninja.chmod(0o755)
+    reap = tmp_path / "vllm-reap-leftovers"  # stands in for the role's helper (files/)
+    reap.write_text("#!/bin/sh\nexit 0\n")
+    reap.chmod(0o755)
     inst = resolve(profile, str(stub))
     variables = role_defaults()
+    variables.update(_vllm_service_reap_script=str(reap))
     paths = {inst["name"]: unit_path.build(str(stub), ["ninja"])["path"]}
     variables.update(_vllm_service_inst=inst, _vllm_service_paths=paths,
                      vllm_service_api_key="canary-api-key-0123",
@@ -151,6 +155,9 @@ def test_unit_hardening(tmp_path, profile):
         assert bad not in d
     # secrets stay out of the unit
     assert "canary" not in unit.lower()
+    # Before each start, as root, the helper stops what an earlier start left in the cgroup
+    assert d["ExecStartPre"] == ["+" + str(_path.parent / "vllm-reap-leftovers")]
+    assert unit.index("ExecStartPre=") < unit.index("ExecStart=")
     # ExecStart carries the rendered argv, each argument quoted
     assert d["ExecStart"][0].startswith('"%s" "-m" "vllm.entrypoints.openai.api_server"'
                                         % inst["argv"][0])
@@ -194,7 +201,7 @@ def test_two_instances_render_two_valid_units(tmp_path):
     for inst in out["instances"]:
         variables = role_defaults()
         variables.update(_vllm_service_inst=inst, vllm_service_api_key="",
-                         vllm_service_hf_token="",
+                         vllm_service_hf_token="", _vllm_service_reap_script=str(stub),
                          _vllm_service_paths={inst["name"]: "%s:/usr/bin:/bin" % tmp_path})
         path = tmp_path / inst["unit"]
         path.write_text(render("vllm.service.j2", **variables))
