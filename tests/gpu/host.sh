@@ -498,7 +498,8 @@ step_acceptance() {
   t=$SECONDS
   if skipped rerun; then
     accept_row "re-run (deploy second llama)" "not run" "left out by GPU_HOST_ACCEPT_SKIP" 0
-  elif step_deploy second llama >/dev/null && recap second | grep -q ' changed=0 '; then
+  # the re-run leaves out what the first run left out: a sweep it never ran is new work, not drift
+  elif step_deploy second llama "${first_args[@]}" >/dev/null && recap second | grep -q ' changed=0 '; then
     accept_row "re-run (deploy second llama)" PASS "rc=0, changed=0: $(recap second)" $((SECONDS - t))
   else
     accept_row "re-run (deploy second llama)" FAIL "$(recap second)" $((SECONDS - t))
