@@ -83,18 +83,22 @@ docs: setup $(CHECKS_VENV)/.installed
 	$(BIN)/python tools/docs/gen_variables.py
 	PATH=$(CHECKS_VENV)/bin:$$PATH $(CHECKS_VENV)/bin/antsibull-changelog generate
 
+# The heavy jobs keep Ansible's module payloads (AnsiballZ) between their ansible-playbook runs,
+# keyed by the modules' sources (tests/harness/ansible_plugins/callback/vd_payload_cache.py).
+PAYLOAD_CACHE_ENV := ANSIBLE_CALLBACK_PLUGINS=$(CURDIR)/tests/harness/ansible_plugins/callback \
+	  VD_PAYLOAD_CACHE=$(CURDIR)/.cache/ansiballz
 # Real servers and packages: ansible-playbook bad-input runs, olah + huggingface_hub,
 # flashinfer wheels from PyPI, a vLLM CPU server for the sweep, the API against a test host.
-SLOW_PYTEST := env HF_VENV=$(HUB_VENV) VD_VLLM_PYTHON=$(VLLM_CPU_VENV)/bin/python \
+SLOW_PYTEST := env $(PAYLOAD_CACHE_ENV) HF_VENV=$(HUB_VENV) VD_VLLM_PYTHON=$(VLLM_CPU_VENV)/bin/python \
 	  $(BIN)/python -m pytest -m slow -q --durations=20
 integration: setup $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed
 	$(SLOW_PYTEST) tests/integration tests/api
 
 molecule: setup
-	$(BIN)/python tests/harness/run_molecule.py $(MOLECULE_SCENARIOS)
+	env $(PAYLOAD_CACHE_ENV) $(BIN)/python tests/harness/run_molecule.py $(MOLECULE_SCENARIOS)
 
 molecule-all: setup
-	$(BIN)/python tests/harness/run_molecule.py
+	env $(PAYLOAD_CACHE_ENV) $(BIN)/python tests/harness/run_molecule.py
 
 # The heavy jobs run TEST_JOBS at a time (tests/harness/run_suite.py), longest first by their
 # last measured seconds in JOB_TIMES: each has its own test hosts and ports; each job's output
@@ -116,7 +120,7 @@ test: setup $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed $(CHECKS_VENV)/.i
 	  "integration=$(SLOW_PYTEST) tests/integration --ignore=tests/integration/test_router.py" \
 	  "router=$(SLOW_PYTEST) -rP tests/integration/test_router.py --deselect $(ROUTER_PIN_TEST)" \
 	  "api=$(SLOW_PYTEST) tests/api" \
-	  $(foreach s,$(MOLECULE_SCENARIOS),"molecule-$(s)=molecule test -s $(s)")
+	  $(foreach s,$(MOLECULE_SCENARIOS),"molecule-$(s)=env $(PAYLOAD_CACHE_ENV) molecule test -s $(s)")
 
 # The router's test with its pin story (the converge, every story, then the new pin rolled).
 test-router-pin: setup $(HUB_VENV)/.installed $(VLLM_CPU_VENV)/.installed .cache/tiny-model/config.json \

@@ -1,0 +1,128 @@
+"""tests/harness/ansible_plugins/callback/vd_payload_cache.py: module payloads kept between
+ansible-playbook runs, keyed by their sources, and equal to the ones Ansible builds."""
+import os
+import json
+import subprocess
+import sys
+
+from ansible.executor import module_common
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+PLUGIN_DIR = os.path.join(ROOT, "tests", "harness", "ansible_plugins", "callback")
+sys.path.insert(0, PLUGIN_DIR)
+import vd_payload_cache as pc  # noqa: E402
+
+OWN = os.path.join(ROOT, "collections", "ansible_collections", "vllm_ops", "deploy")
+GPU_FACTS = os.path.join(OWN, "plugins", "modules", "gpu_facts.py")
+STAT = os.path.join(os.path.dirname(module_common.__file__), "..", "modules", "stat.py")
+
+
+# Builds run in a child process: Ansible's collection loader is installed process-wide there.
+BUILDER = r"""
+import base64, hashlib, io, json, os, sys, zipfile
+sys.path.insert(0, sys.argv[1])
+from ansible.executor import module_common
+from ansible.parsing.dataloader import DataLoader
+from ansible.plugins.loader import init_plugin_loader
+from ansible.template import Templar
+init_plugin_loader([sys.argv[2]])
+import vd_payload_cache as pc
+calls = []
+real_finder = module_common.recursive_finder
+def counting(*a, **kw):
+    calls.append(a[1])
+    return real_finder(*a, **kw)
+module_common.recursive_finder = counting
+mode, out = sys.argv[3], []
+if mode == "cache":
+    pc.install(sys.argv[4])
+else:
+    module_common.C.DEFAULT_LOCAL_TMP = sys.argv[4]
+for spec in sys.argv[5:]:
+    name, path = spec.split("=", 1)
+    built = module_common._find_module_utils(
+        module_name=name, b_module_data=open(path, "rb").read(), module_path=path, module_args={},
+        task_vars={"ansible_python_interpreter": "/usr/bin/python3"}, templar=Templar(loader=DataLoader()), module_compression="ZIP_DEFLATED",
+        async_timeout=0, become_plugin=None, environment={})
+    text = built.b_module_data.decode()
+    blob = max((p for p in text.replace('"', "'").split("'") if len(p) > 1000), key=len)
+    with zipfile.ZipFile(io.BytesIO(base64.b64decode(blob))) as z:
+        out.append({n: hashlib.sha256(z.read(n)).hexdigest() for n in z.namelist()})
+print(json.dumps({"payloads": out, "built": len(calls)}))
+"""
+
+
+def build(tmp_path, mode, directory, *specs):
+    """Each NAME=PATH built in one child process (one ansible-playbook run, as far as Ansible's
+    caches go): the zip members' hashes of each payload and how many were built from source."""
+    out = subprocess.run([sys.executable, "-c", BUILDER, PLUGIN_DIR, os.path.join(ROOT, "collections"),
+                          mode, str(directory)] + list(specs),
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_kept_payload_is_built_once_and_equals_what_ansible_builds(tmp_path):
+    base = tmp_path / "cache"
+    first = build(tmp_path, "cache", base, "gpu_facts=" + GPU_FACTS, "stat=" + STAT)
+    assert first["built"] == 2
+    # a second run reads both kept payloads: nothing is built from source
+    again = build(tmp_path, "cache", base, "gpu_facts=" + GPU_FACTS, "stat=" + STAT)
+    assert again["built"] == 0
+    assert again["payloads"] == first["payloads"]
+    assert any(n.endswith("vllm_ops/deploy/plugins/module_utils/host/gpu_facts.py")
+               for n in first["payloads"][0]), sorted(first["payloads"][0])
+    assert len(os.listdir(str(base))) == 2  # one directory per module's sources
+    # Ansible alone, its per-run cache in a fresh directory, builds the same payloads
+    plain = build(tmp_path, "plain", tmp_path / "fresh", "gpu_facts=" + GPU_FACTS, "stat=" + STAT)
+    assert plain["built"] == 2
+    assert plain["payloads"] == first["payloads"]
+    assert pc.payload_key(STAT) != pc.payload_key(GPU_FACTS)
+
+
+def test_an_edit_of_a_module_utils_file_or_the_module_makes_a_new_key(tmp_path, monkeypatch):
+    coll = tmp_path / "ansible_collections" / "vllm_ops" / "deploy" / "plugins"
+    (coll / "modules").mkdir(parents=True)
+    (coll / "module_utils" / "host").mkdir(parents=True)
+    mod = coll / "modules" / "m.py"
+    util = coll / "module_utils" / "host" / "m.py"
+    mod.write_text("x = 1\n")
+    util.write_text("y = 1\n")
+    monkeypatch.setattr(pc, "_stamps", {})
+    k1 = pc.payload_key(str(mod))
+    assert k1 and k1 == pc.payload_key(str(mod))
+    util.write_text("y = 22\n")
+    monkeypatch.setattr(pc, "_stamps", {})  # a new ansible-playbook process
+    k2 = pc.payload_key(str(mod))
+    assert k2 != k1
+    mod.write_text("x = 333\n")
+    assert pc.payload_key(str(mod)) not in (k1, k2)
+
+
+def test_other_collections_and_non_python_modules_are_not_kept(tmp_path):
+    other = tmp_path / "ansible_collections" / "community" / "general" / "plugins" / "modules"
+    other.mkdir(parents=True)
+    (other / "x.py").write_text("")
+    (tmp_path / "script.sh").write_text("")
+    assert pc.payload_key(str(other / "x.py")) is None
+    assert pc.payload_key(str(tmp_path / "script.sh")) is None
+
+
+def test_ansible_loads_it_from_the_callback_path_and_prints_nothing(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(ANSIBLE_CALLBACK_PLUGINS=PLUGIN_DIR, VD_PAYLOAD_CACHE=str(tmp_path / "c"),
+               ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, "collections"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / "t"))
+    play = tmp_path / "p.yml"
+    play.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+                    "    - ansible.builtin.stat: {path: /}\n")
+    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"),
+                          "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
+                          str(play)],
+                         env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "WARNING" not in out.stdout + out.stderr
+    assert "vd_payload_cache" not in out.stdout + out.stderr
+    kept = os.listdir(str(tmp_path / "c"))
+    assert len(kept) == 1 and any(n.startswith("ansible.modules.stat-")
+                                  for n in os.listdir(str(tmp_path / "c" / kept[0] / "ansiballz_cache")))
