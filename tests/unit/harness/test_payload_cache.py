@@ -1,7 +1,7 @@
 """tests/harness/ansible_plugins/callback/vd_payload_cache.py: module payloads kept between
 ansible-playbook runs, keyed by their sources, and equal to the ones Ansible builds."""
-import os
 import json
+import os
 import subprocess
 import sys
 
@@ -52,7 +52,7 @@ print(json.dumps({"payloads": out, "built": len(calls)}))
 """
 
 
-def build(tmp_path, mode, directory, *specs):
+def build(mode, directory, *specs):
     """Each NAME=PATH built in one child process (one ansible-playbook run, as far as Ansible's
     caches go): the zip members' hashes of each payload and how many were built from source."""
     out = subprocess.run([sys.executable, "-c", BUILDER, PLUGIN_DIR, os.path.join(ROOT, "collections"),
@@ -64,17 +64,17 @@ def build(tmp_path, mode, directory, *specs):
 
 def test_a_kept_payload_is_built_once_and_equals_what_ansible_builds(tmp_path):
     base = tmp_path / "cache"
-    first = build(tmp_path, "cache", base, "gpu_facts=" + GPU_FACTS, "stat=" + STAT)
+    first = build("cache", base, "gpu_facts=" + GPU_FACTS, "stat=" + STAT)
     assert first["built"] == 2
     # a second run reads both kept payloads: nothing is built from source
-    again = build(tmp_path, "cache", base, "gpu_facts=" + GPU_FACTS, "stat=" + STAT)
+    again = build("cache", base, "gpu_facts=" + GPU_FACTS, "stat=" + STAT)
     assert again["built"] == 0
     assert again["payloads"] == first["payloads"]
     assert any(n.endswith("vllm_ops/deploy/plugins/module_utils/host/gpu_facts.py")
                for n in first["payloads"][0]), sorted(first["payloads"][0])
     assert len(os.listdir(str(base))) == 2  # one directory per module's sources
     # Ansible alone, its per-run cache in a fresh directory, builds the same payloads
-    plain = build(tmp_path, "plain", tmp_path / "fresh", "gpu_facts=" + GPU_FACTS, "stat=" + STAT)
+    plain = build("plain", tmp_path / "fresh", "gpu_facts=" + GPU_FACTS, "stat=" + STAT)
     assert plain["built"] == 2
     assert plain["payloads"] == first["payloads"]
     assert pc.payload_key(STAT) != pc.payload_key(GPU_FACTS)

@@ -1,8 +1,8 @@
 # The test suite's module payload cache: Ansible builds each module's AnsiballZ payload once per
 # ansible-playbook run (it walks the module's imports and parses every module_utils file they
-# reach, 0.15-0.3 CPU-s a module on the 2-core machine) and throws the cache away when the run
-# ends. The suite starts a few hundred runs of the same modules. This callback, loaded by
-# `make test` (ANSIBLE_CALLBACK_PLUGINS, test targets only), keeps those payloads between runs
+# reach) and throws the cache away when the run ends. The suite starts a few hundred runs of the
+# same modules. This callback, loaded through ANSIBLE_CALLBACK_PLUGINS by the Makefile's heavy
+# test jobs only (PAYLOAD_CACHE_ENV), keeps those payloads between runs
 # under VD_PAYLOAD_CACHE, in a directory named after everything a payload is made from:
 #   - ansible-core's version and the module's absolute path;
 #   - for a collection's module: size and mtime of every file under the collection's
@@ -51,14 +51,10 @@ def payload_key(module_path):
     """The cache directory's name for a module, or None where the payload is not kept."""
     path = os.path.abspath(module_path)
     parts = [release.__version__, path]
-    if path.startswith(_CORE_MODULES):
-        pass
-    else:
+    if not path.startswith(_CORE_MODULES):
         marker = os.sep + "plugins" + os.sep + "modules" + os.sep
-        if marker not in path or not path.endswith(".py"):
-            return None
         root = path.split(marker)[0]
-        if not (root + os.sep).endswith(_OWN_COLLECTIONS):
+        if marker not in path or not path.endswith(".py") or not (root + os.sep).endswith(_OWN_COLLECTIONS):
             return None
         st = os.stat(path)
         parts += [_tree_stamp(os.path.join(root, "plugins", "module_utils")),
@@ -94,7 +90,6 @@ def install(base):
             module_common.C = real_constants
 
     find_module_utils._vd_payload_cache = True
-    find_module_utils._vd_original = original
     module_common._find_module_utils = find_module_utils
 
 
