@@ -17,8 +17,8 @@ candidate tok/s with intervals, ratio and its interval, verdict) and ``correctne
 figures). ``current_after_levels`` is the current version measured again after the candidate
 (the role does that when the first decision rejects on speed alone): the spread between the
 current version's two measurements is the host's own drift over the gate, and a level is then
-worse only when the candidate lies below both measurements by more than the tolerance plus
-that drift. ``render_table(decision, ...)`` is the side-by-side table a
+worse only when the candidate lies below both measurements by more than the tolerance and that
+drift together (ratio bounds multiply: 1 - (1 - tolerance) x (1 - drift)). ``render_table(decision, ...)`` is the side-by-side table a
 rejected upgrade prints. ``candidate_argv(argv, current_link, venv, port)`` is the serving
 instance's command line run from the new venv on another port. ``history_entry(...)`` and
 ``merge_history(...)`` make the per-host history the inventory keeps.
@@ -48,14 +48,15 @@ def _interval(level):
 
 def _bracketed(cand_level, cur_level, after_level, tol):
     """The candidate against the current version measured before and after it: the relative
-    spread of the two current measurements (drift) widens the tolerance; worse (or better) only
-    against both. Returns a compare_levels-like row plus ``drift``."""
+    spread of the two current measurements (drift) widens the tolerance, the two combined as ratio
+    bounds (1 - (1 - tol) x (1 - drift)), so that a wide drift never makes every candidate a
+    tie; worse (or better) only against both. Returns a compare_levels-like row plus ``drift``."""
     cur, again = _interval(cur_level), _interval(after_level)
     if cur is None or again is None or _interval(cand_level) is None:
         return None
     a, b = cur["value"], again["value"]
     drift = abs(a - b) / ((a + b) / 2.0) if a + b > 0 else 0.0
-    wide = min(tol + drift, 0.99)
+    wide = min(1.0 - (1.0 - tol) * max(1.0 - drift, 0.0), 0.99)
     rows = [sweep_compare.compare_levels([cand_level], [lv], metrics=GATED_METRICS,
                                          tolerance=wide)["rows"][0]
             for lv in (cur_level, after_level)]

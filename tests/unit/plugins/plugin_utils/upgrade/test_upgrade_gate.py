@@ -113,6 +113,22 @@ def test_a_real_regression_stays_rejected_through_any_plausible_drift():
     assert not d["accepted"] and d["rows"][0]["verdict"] == "worse"
 
 
+def test_a_wide_drift_still_leaves_a_far_slower_candidate_worse():
+    # molecule/install's slowed candidate on a loaded 2-core host: the current version measured
+    # 510 then 245 tok/s at C=2 (70 % drift) with the scenario's 35 % tolerance; added up, the two
+    # bounds left no ratio below them, and the candidate at 16 tok/s (3-7 %) was a tie
+    after = [level(2, 245.0, 26.8)]
+    d = gate.decide([level(2, 16.2, 1.3)], [level(2, 510.0, 60.6)], GOOD, None, 35, 0.9,
+                    current_after_levels=after)
+    row = d["rows"][0]
+    assert row["drift_pct"] == pytest.approx(100 * 265.0 / 377.5, abs=0.01)
+    assert row["verdict"] == "worse" and not d["accepted"]
+    # a candidate inside the combined bound stays a tie: 1 - 0.65 x 0.30 = 0.805
+    d = gate.decide([level(2, 60.0, 1.0)], [level(2, 510.0, 60.6)], GOOD, None, 35, 0.9,
+                    current_after_levels=after)
+    assert d["rows"][0]["verdict"] == "tie"
+
+
 def test_within_tolerance_accepts_even_when_measurably_slower():
     d = gate.decide([level(1, 97.0, 0.2)], [level(1, 100.0, 0.2)], GOOD, None, 5, 0.9)
     assert d["accepted"]
