@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--window", type=float, default=3.0, help="first round's window, seconds")
     t.add_argument("--rounds", type=int, default=3,
                    help="rounds of the search, each with twice the window of the one before")
+    t.add_argument("--min-lifetimes", type=float, default=5.0,
+                   help="keep each level's window open until it is this many request lifetimes "
+                        "long (median E2E), so its interval has that many batches; 0 = the window only")
     t.add_argument("--input-len", type=int, default=32, help="prompt length of the sweep, tokens")
     t.add_argument("--output-len", type=int, default=32, help="output length of the sweep, tokens")
     t.add_argument("--port", type=int, default=8000, help="port of the first instance")
@@ -392,6 +395,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 model_config=args.model_config,
                 levels=[int(x) for x in _split(args.levels) or []], base_window_s=args.window,
                 max_rounds=args.rounds, input_len=args.input_len, output_len=args.output_len,
+                min_lifetimes=args.min_lifetimes,
                 port=args.port, reference=args.reference, min_match=args.min_match,
                 apply=args.apply, grid=args.grid, strategy=args.strategy, plan_only=args.plan_only,
                 weights_bytes=args.weights_bytes, profile_overrides=args.profile_overrides,

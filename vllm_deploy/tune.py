@@ -43,6 +43,7 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
          extra_args: Optional[List[str]] = None,
          extravars: Optional[Dict[str, Any]] = None,
          resume: Optional[Union[str, List[str]]] = None, reference_every: int = 0,
+         min_lifetimes: float = 5,
          on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
          log: Optional[Callable[[str], None]] = None) -> TuneResult:
     """Tune ``host`` of ``inventory``; returns the write-back document (see vllm_tune.yml).
@@ -67,6 +68,10 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
     last): vLLM's defaults are also measured again after every N candidates served, so a host
     whose speed drifts up and back down within the run is seen; the spread of all the default's
     measurements is every candidate's least noise (``evidence.drift``).
+    ``min_lifetimes``: each level's window stays open until it is this many request lifetimes
+    long (the median E2E of its requests), after ``base_window_s`` (or the round's window) has
+    passed: its output tok/s interval then has that many batches of at least one lifetime,
+    where a request at high concurrency can outlive a short window (0: the window alone).
     ``strategy``: ``screen`` (one knob changed from the default at a time, then the combination
     of the winners, then successive halving among the leaders), ``halving`` (successive halving
     over every candidate), ``grid`` (every candidate over every level with the longest window:
@@ -96,7 +101,7 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
         max_logprob_gap=max_logprob_gap, pinned=pinned, dummy_weights=dummy_weights,
         apply=apply, restore=restore, grid=grid, strategy=strategy,
         profile_overrides=profile_overrides, extra_args=extra_args, extravars=extravars,
-        resume=resume, reference_every=reference_every)
+        resume=resume, reference_every=reference_every, min_lifetimes=min_lifetimes)
     inv_dir = inventory_dirs(inventory)[0]
     rdir = report_dir or tuner_mod.report_dir_for(inv_dir, host)
     journal = os.path.join(rdir, tuner_mod.JOURNAL_FILE)

@@ -58,12 +58,15 @@ description:
     duration, TTFT/TPOT/ITL/E2EL (latency to the last token chunk) with mean, median, std and
     p50/p90/p99 (numpy's definitions)."
   - "Precision: C(precision.output_tok_s) is a 95% batch-means interval of the window's output
-    tok/s (10 equal sub-windows, each request's tokens spread over the span of its token
+    tok/s (10 equal sub-windows, fewer where a sub-window would be shorter than one request
+    lifetime, the median end-to-end latency: requests of one length in a closed loop run in
+    phase, so a shorter sub-window sees all prefill or all decode; null when the window is
+    shorter than 1.5 lifetimes; each request's tokens spread over the span of its token
     chunks),
     C(precision.ttft_ms_p50) the 95% distribution-free interval of the TTFT median (order statistics). With
     I(precision_pct) a level runs past I(duration_s) until both intervals are within
-    +-precision_pct of their values, or until I(max_duration_s) (C(timing.stopped_by) says
-    which)."
+    +-precision_pct of their values, or until I(max_duration_s); with I(min_lifetimes) until the
+    window is that many request lifetimes long (C(timing.stopped_by) says which)."
   - "Worker processes: with I(processes) > 1 the C workers of a level are spread over that
     many forked processes (each with its own event loop and connections), started together;
     they stream their completed requests to the parent, which applies the window rule to the
@@ -304,8 +307,19 @@ options:
         between runs). The request log marks each request's run (C(repeat)).
     type: int
     default: 1
+  min_lifetimes:
+    description:
+      - Keep each level's window open until it is this many request lifetimes long (the
+        median end-to-end latency of the requests completed in it so far), after
+        I(duration_s) and I(min_requests) are met, or until I(max_duration_s). At high
+        concurrency a request can outlive a short window; the output tok/s interval has one
+        batch per lifetime up to 10 and needs at least 1.5 lifetimes
+        (C(precision.output_tok_s) is null below that).
+    type: float
   max_duration_s:
-    description: Cap on a level's window with I(precision_pct), seconds. Default 10 x I(duration_s).
+    description:
+      - Cap on a level's window with I(precision_pct) or I(min_lifetimes), seconds. Default
+        10 x I(duration_s).
     type: float
   gc_during_level:
     description:
@@ -532,6 +546,7 @@ def main():
             processes=dict(type="int", default=1),
             repeats=dict(type="int", default=1),
             precision_pct=dict(type="float"),
+            min_lifetimes=dict(type="float"),
             max_duration_s=dict(type="float"),
             gc_during_level=dict(type="bool", default=False),
         ),

@@ -295,7 +295,7 @@ step_tune() { # step_tune ARGS...: the tuner over the inventory `deploy` wrote
     exit "${PIPESTATUS[0]}" )
   rc=$?
   cp "$INV/host_vars/$NAME/vllm_tune.yml" "$OUTD/" 2>/dev/null
-  [ -d "$INV/reports/$NAME/tune" ] && tar -C "$INV/reports/$NAME" -czf "$OUTD/tune-reports.tar.gz" tune
+  [ -d "$INV/.reports/$NAME/tune" ] && tar -C "$INV/.reports/$NAME" -czf "$OUTD/tune-reports.tar.gz" tune
   return $rc
 }
 
@@ -613,7 +613,7 @@ step_wait() { # step_wait NAME SECONDS
   fi
   # what the tuner measured so far (its journal), in case no later call sees the step end
   local j
-  j=$(ls -t "$INV"/reports/*/tune/*/measurements.jsonl 2>/dev/null | head -n 1)
+  j=$(ls -t "$INV"/.reports/*/tune/*/measurements.jsonl 2>/dev/null | head -n 1)
   [ -n "$j" ] && cp "$j" "$OUTD/bg-$name-measurements.jsonl"
   log "wait $name: still running after $((SECONDS - t0)) s of waiting"
   return 124

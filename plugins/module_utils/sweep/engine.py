@@ -170,6 +170,7 @@ class Sweep(PreflightMixin, WorkersMixin):
                 "min_requests": s.min_requests or default_min_requests(conc),
                 "duration": float(s.duration_s),
                 "precision_pct": s.precision_pct,
+                "min_lifetimes": s.min_lifetimes,
                 "max_duration": s.max_duration_s}
 
     async def run_level(self, conc):

@@ -10,7 +10,7 @@ import gc
 import time
 
 from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.metrics import (
-    percentile, precision)
+    lifetime, percentile, precision)
 
 LOOP_TICK_S = 0.01
 LOOP_LAG_LIMIT_MS = 10.0
@@ -53,10 +53,12 @@ class LevelState(object):
 
     Warm-up: the window opens (w0) at the completion of the ``warmup``-th request. It closes
     (w1) at the first completion at or after w0 + duration once ``min_requests`` requests
-    started and ended inside it; with ``precision_pct`` also only once the 95 % intervals of
-    output tok/s and TTFT p50 are within +-precision_pct of their values, or at the first
-    completion at or after w0 + ``max_duration`` (the cap; default 10 x duration). A level
-    where at least max(10, C) requests failed and more failed than succeeded is aborted.
+    started and ended inside it; with ``min_lifetimes`` also only once it is that many request
+    lifetimes long (metrics.lifetime: the median E2E of the requests completed in it so far); with ``precision_pct``
+    also only once the 95 % intervals of output tok/s and TTFT p50 are within +-precision_pct
+    of their values; with either of the two at the latest at the first completion at or after
+    w0 + ``max_duration`` (the cap; default 10 x duration). A level where at least max(10, C)
+    requests failed and more failed than succeeded is aborted.
     """
 
     def __init__(self, conc, cfg, level_start):
@@ -71,6 +73,7 @@ class LevelState(object):
         self.stopped_by = None
         self.next_check = None
         self.last_precision = None
+        self.lifetimes_s = 0.0  # the window length min_lifetimes asked for at the last look
 
     def feed(self, rec):
         self.records.append(rec)
@@ -96,12 +99,19 @@ class LevelState(object):
         if rec.end < self.w0 + cfg["duration"] or self.measured < cfg["min_requests"]:
             return
         target = cfg.get("precision_pct")
-        if not target:
+        lives = cfg.get("min_lifetimes")
+        if not target and not lives:
             self.stop, self.w1, self.stopped_by = True, rec.end, "duration"
             return
         cap = cfg.get("max_duration") or 10.0 * cfg["duration"]
         if rec.end >= self.w0 + cap:
             self.stop, self.w1, self.stopped_by = True, rec.end, "max_duration_s"
+            return
+        if lives and not self._lifetimes_met(rec.end, lives):
+            return
+        if not target:
+            self.stop, self.w1 = True, rec.end
+            self.stopped_by = "min_lifetimes" if self.lifetimes_s > cfg["duration"] else "duration"
             return
         if self.next_check is not None and rec.end < self.next_check:
             return
@@ -116,6 +126,14 @@ class LevelState(object):
                   for k in ("output_tok_s", "ttft_ms_p50")]
         if all(w is not None and w <= target for w in widths):
             self.stop, self.w1, self.stopped_by = True, rec.end, "precision_pct"
+
+    def _lifetimes_met(self, now, lives):
+        """Is the window ``lives`` request lifetimes long at ``now``? The lifetime is looked at
+        again only once the window has reached the length the last look asked for."""
+        if now - self.w0 < self.lifetimes_s:
+            return False
+        self.lifetimes_s = lives * lifetime(self.records, self.w0, now)
+        return now - self.w0 >= self.lifetimes_s
 
     def window(self, level_start):
         """(w0, w1); a level aborted before its window could close spans the whole level."""

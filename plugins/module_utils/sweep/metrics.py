@@ -54,9 +54,14 @@ clock, reported in milliseconds):
   marked when there is one), with the prompt-token total of the level (the server
   cross-check compares it with the ``vllm:prompt_tokens_total`` delta).
 * Precision (``precision``): output tok/s with a batch-means interval (the window cut into
-  ``PRECISION_BATCHES`` equal sub-windows; each request's tokens spread evenly over the span
-  of its token chunks, the tokens falling in a sub-window / its length are the batch values;
-  the interval is centred on the window's output tok/s) and TTFT p50 with the
+  ``PRECISION_BATCHES`` equal sub-windows, fewer where a sub-window would be shorter than one
+  request lifetime, the median E2E of the requests completed in the window: in a closed loop of requests of
+  one length the requests run in phase, so a shorter sub-window sees a part of the cycle, all
+  prefill or all decode, and the batch means swing with the phase, not with the server; the
+  count is the window's length in lifetimes, rounded, and a window of fewer than 1.5
+  lifetimes has no interval; each request's tokens spread evenly over
+  the span of its token chunks, the tokens falling in a sub-window / its length are the batch
+  values; the interval is centred on the window's output tok/s) and TTFT p50 with the
   distribution-free interval of a median (order statistics) over the measured requests, both
   at 95 % confidence
   (plugins/module_utils/stats/compare.py).
@@ -267,15 +272,35 @@ def window_batches(records, w0, w1, batches=PRECISION_BATCHES):
     return [t / width for t in tokens]
 
 
+def lifetime(records, w0, w1):
+    """One request lifetime: the median E2E of the successful requests that completed in
+    (w0, w1], wherever they started (0.0 when none did)."""
+    e2e = [r.end - r.start for r in records if r.ok and r.end is not None and w0 < r.end <= w1]
+    return statistics.median(e2e) if e2e else 0.0
+
+
+def lifetime_batches(records, w0, w1, most=PRECISION_BATCHES):
+    """How many sub-windows [w0, w1] is cut into for its batch means: ``most``, fewer where a
+    sub-window would be shorter than one request :func:`lifetime` (the window's length in
+    lifetimes, rounded); see the module docstring."""
+    life = lifetime(records, w0, w1)
+    if life <= 0:
+        return most
+    return max(0, min(most, int((w1 - w0) / life + 0.5)))
+
+
 def precision(records, w0, w1, measured, value=None, seed=0):
-    """Confidence intervals (95 %) of the window's output tok/s (batch means, centred on the
-    window's figure ``value``) and TTFT p50 (order statistics of the median over the measured requests); see the
-    module docstring."""
+    """Confidence intervals (95 %) of the window's output tok/s (batch means over sub-windows
+    of at least one request lifetime, centred on the window's figure ``value``) and TTFT p50
+    (order statistics of the median over the measured requests); see the module docstring."""
     from ansible_collections.vllm_ops.deploy.plugins.module_utils.stats.compare import (
         CompareError, batch_means_interval, median_interval)
     out = {}
     try:
-        iv = batch_means_interval(window_batches(records, w0, w1), PRECISION_BATCHES)
+        k = lifetime_batches(records, w0, w1)
+        if k < 2:
+            raise CompareError("the window holds %d request lifetime(s) (rounded), fewer than 2" % k)
+        iv = batch_means_interval(window_batches(records, w0, w1, k), k)
         if value is not None:
             half = iv["ci_high"] - iv["value"]
             iv.update(value=value, ci_low=value - half, ci_high=value + half,

@@ -103,6 +103,8 @@ def check_params(p):
     if p.get("precision_pct") is not None and not 0 < p["precision_pct"] < 100:
         raise SweepError("precision_pct must be in (0, 100) when given, got %r"
                          % (p["precision_pct"],))
+    if p.get("min_lifetimes") is not None and not p["min_lifetimes"] > 0:
+        raise SweepError("min_lifetimes must be > 0 when given, got %r" % (p["min_lifetimes"],))
     if p.get("max_duration_s") is not None and p["max_duration_s"] < p.get("duration_s", 0):
         raise SweepError("max_duration_s must be >= duration_s (%r), got %r"
                          % (p.get("duration_s"), p["max_duration_s"]))
@@ -185,6 +187,7 @@ class SweepSettings(object):
     repeats: int = 1
     processes: int = 1
     precision_pct: Optional[float] = None
+    min_lifetimes: Optional[float] = None
     max_duration_s: Optional[float] = None
     vocab_size: Optional[int] = None
     metrics_url: Optional[str] = None

@@ -25,7 +25,10 @@ from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.tune.candidates im
 JOURNAL_FILE = "measurements.jsonl"
 # The settings a measurement depends on besides its candidate, window and levels: a journal
 # written with other values cannot be resumed.
-SETTINGS = ("profile", "input_len", "output_len", "slo", "profile_overrides", "extra_args")
+SETTINGS = ("profile", "input_len", "output_len", "slo", "profile_overrides", "extra_args",
+            "min_lifetimes")
+# What a journal written before a setting existed was measured with.
+SETTINGS_ABSENT = {"min_lifetimes": 0}
 
 
 def record(cand, run, score, sweep, outputs, settings):
@@ -173,11 +176,12 @@ class Resumed(object):
                     unchecked += 1
                 else:
                     for k in SETTINGS:
-                        if theirs.get(k) != settings.get(k):
+                        then = theirs.get(k, SETTINGS_ABSENT.get(k))
+                        if then != settings.get(k):
                             raise TuneError(
                                 "resume: %s was measured with %s=%s, this run has %s=%s: its "
                                 "measurements are not comparable" % (
-                                    fpath, k, json.dumps(theirs.get(k), sort_keys=True), k,
+                                    fpath, k, json.dumps(then, sort_keys=True), k,
                                     json.dumps(settings.get(k), sort_keys=True)))
                 key = (float(rec.get("window_s") or 0), tuple(rec.get("levels") or ()))
                 if cand is default:

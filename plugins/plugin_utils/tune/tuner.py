@@ -55,6 +55,7 @@ DEFAULTS = {
     "max_logprob_gap": None, "pinned": None, "dummy_weights": False, "apply": False,
     "restore": True, "grid": False, "strategy": "auto", "profile_overrides": None,
     "extra_args": None, "extravars": None, "resume": None, "reference_every": 0,
+    "min_lifetimes": 5,
 }
 
 
@@ -92,6 +93,10 @@ class Tuner(object):
             least = {"eta": 2, "reference_every": 0}.get(name, 1)
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise TuneError("%s must be an integer >= %d, got %r" % (name, least, v))
+        ml = o["min_lifetimes"]
+        if isinstance(ml, bool) or not isinstance(ml, (int, float)) or ml < 0:
+            raise TuneError("min_lifetimes must be a number >= 0 (0: the window only), got %r"
+                            % (ml,))
         if o["reference_every"] and strategy != "grid":
             raise TuneError("reference_every measures the default between the grid's candidates: "
                             "it needs strategy grid, got %r" % strategy)
@@ -165,7 +170,8 @@ class Tuner(object):
         return {"profile": self.profile, "input_len": o["input_len"],
                 "output_len": o["output_len"], "slo": self.slo,
                 "profile_overrides": o["profile_overrides"] or None,
-                "extra_args": list(o["extra_args"] or []) or None}
+                "extra_args": list(o["extra_args"] or []) or None,
+                "min_lifetimes": o["min_lifetimes"]}
 
     def plan(self):
         """What would be measured and what the planner refuses; nothing runs."""
@@ -200,6 +206,7 @@ class Tuner(object):
         ev.update({"vllm_tune_host": self.host, "vllm_service_profile": self.profile,
                    "vllm_service_instances": insts, "vllm_tune_stop_units": stop,
                    "vllm_tune_levels": lv, "vllm_tune_duration_s": window,
+                   "vllm_tune_min_lifetimes": o["min_lifetimes"],
                    "vllm_tune_input_len": o["input_len"], "vllm_tune_output_len": o["output_len"],
                    "vllm_tune_slo_ttft_ms": slo.get("ttft_ms") or 0,
                    "vllm_tune_slo_tpot_ms": slo.get("tpot_ms") or 0,

@@ -65,6 +65,30 @@ def test_precision_target_extends_the_window_until_met_or_capped():
     assert default_cap.w1 - default_cap.w0 == pytest.approx(50.0)
 
 
+def test_min_lifetimes_keeps_the_window_open_for_that_many_request_lifetimes():
+    # requests of 4 s, one ending every 0.5 s (8 in flight): a 5 s window holds about one
+    # lifetime; five lifetimes need 20 s
+    def run(lives, cap=None):
+        st = LevelState(8, cfg(min_requests=1, min_lifetimes=lives, max_duration=cap), 0.0)
+        t = 4.0
+        while not st.stop:
+            st.feed(rec(t - 4.0, t))
+            t += 0.5
+        return st
+    plain = LevelState(8, cfg(min_requests=1), 0.0)
+    t = 4.0
+    while not plain.stop:
+        plain.feed(rec(t - 4.0, t))
+        t += 0.5
+    assert plain.stopped_by == "duration" and plain.w1 - plain.w0 == pytest.approx(5.0)
+    five = run(5)
+    assert five.stopped_by == "min_lifetimes" and five.w1 - five.w0 == pytest.approx(20.0)
+    one = run(1)  # one lifetime fits the 5 s window: the duration closes it
+    assert one.stopped_by == "duration" and one.w1 - one.w0 == pytest.approx(5.0)
+    capped = run(5, 12.0)
+    assert capped.stopped_by == "max_duration_s" and capped.w1 - capped.w0 == pytest.approx(12.0)
+
+
 def test_a_level_where_most_requests_fail_is_aborted():
     st = LevelState(2, cfg(), 0.0)
     for i in range(12):
@@ -92,6 +116,7 @@ def test_client_health_per_process():
 @pytest.mark.parametrize("extra,needle", [
     ({"processes": 0}, "processes"), ({"precision_pct": 0}, "precision_pct"),
     ({"precision_pct": 5, "max_duration_s": 1}, "max_duration_s"),
+    ({"min_lifetimes": -1}, "min_lifetimes"),
 ])
 def test_new_parameters_are_checked(extra, needle):
     p = {"levels": [1], "input_len": 8, "output_len": 8, "duration_s": 5,

@@ -290,6 +290,7 @@ def good_params(**kw):
     (dict(min_requests=0), "min_requests must be >= 1, got 0"),
     (dict(slo_ttft_ms=-1.0), "slo_ttft_ms must be > 0 when given, got -1.0"),
     (dict(saturation_threshold=-0.1), "saturation_threshold must be >= 0, got -0.1"),
+    (dict(min_lifetimes=0), "min_lifetimes must be > 0 when given, got 0"),
 ])
 def test_check_params_names_the_variable(kw, message):
     from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.vllm_sweep import (
@@ -421,3 +422,41 @@ def test_goodput_needs_every_slo_and_counts_the_good_ones():
     s = summarize_level([one], 1, 0.0, 2.0, 1, slo={"tpot_ms": 1e9})
     assert s["goodput"]["fraction"] == 0.0
     assert s["slo"]["breaks"] == ["tpot_ms: no measured requests"]
+
+
+def in_phase_loop(conc=256, cycles=10, prefill=0.6, itl=0.0225, tokens=128):
+    """A closed loop whose requests all have one length: they start together, prefill together
+    (no token for ``prefill`` s), decode together and end together, cycle after cycle."""
+    import random
+    rnd, out, t = random.Random(1), [], 0.0
+    for _ in range(cycles):
+        for _ in range(conc):
+            first = t + prefill + rnd.uniform(0, 0.02)
+            chunks = [first + itl * k for k in range(tokens)]
+            out.append(Record(level=conc, start=t, end=chunks[-1], chunk_times=chunks,
+                              completion_tokens=tokens, prompt_tokens=256,
+                              expected_tokens=tokens))
+        t = max(r.end for r in out)
+    return out
+
+
+def test_precision_batches_span_a_request_lifetime_when_requests_run_in_phase():
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.metrics import (
+        lifetime, lifetime_batches, precision, window_batches)
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.stats.compare import (
+        batch_means_interval)
+    recs = in_phase_loop()
+    life = recs[0].end - recs[0].start
+    w0 = life + 0.3
+    w1 = w0 + 14.2  # four lifetimes and a bit
+    assert lifetime(recs, w0, w1) == pytest.approx(life, rel=0.01)
+    assert lifetime_batches(recs, w0, w1) == 4
+    tok = precision(recs, w0, w1, recs, 9000.0)["output_tok_s"]
+    assert tok["n"] == 4 and tok["half_width_pct"] < 3.0
+    # ten sub-windows of 1.4 s each see a part of the cycle: their interval measures the phase
+    ten = batch_means_interval(window_batches(recs, w0, w1, 10), 10)
+    assert ten["half_width_pct"] > 10.0
+    # the count is the window's length in lifetimes, rounded; under 1.5 there is no interval
+    assert lifetime_batches(recs, w0, w0 + 6.0) == 2
+    assert lifetime_batches(recs, w0, w0 + 4.5) == 1
+    assert precision(recs, w0, w0 + 4.5, recs, 9000.0)["output_tok_s"] is None

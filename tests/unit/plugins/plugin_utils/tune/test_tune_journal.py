@@ -106,6 +106,25 @@ def test_the_journal_of_other_settings_is_refused_naming_the_setting(tmp_path):
     assert "resume: " in str(e.value) and "input_len=32, this run has input_len=64" in str(e.value)
 
 
+def test_a_journal_from_before_min_lifetimes_counts_as_fixed_windows(tmp_path):
+    """A journal written before the setting existed was measured with the window alone
+    (min_lifetimes 0): resumable by a run with 0, refused by one that lengthens windows."""
+    path, cands = stopped_journal(tmp_path, {None: 100.0, "16": 90.0, "64": 120.0}, 2)
+    recs = [json.loads(x) for x in path.read_text().splitlines()]
+    assert all(r["settings"]["min_lifetimes"] == 5 for r in recs)
+    for r in recs:
+        r["settings"].pop("min_lifetimes")
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    with pytest.raises(TuneError) as e:
+        Tuner("h1", "cpu-tiny", player({}, []), resume=str(path), **SETTINGS)
+    assert "min_lifetimes=0, this run has min_lifetimes=5" in str(e.value)
+    served = []
+    t = Tuner("h1", "cpu-tiny", player({None: 100.0, "16": 90.0, "64": 120.0}, served),
+              resume=str(path), **dict(SETTINGS, min_lifetimes=0))
+    t.run()
+    assert served == [None, str(cands[2]["knobs"]["max-num-seqs"]), None]
+
+
 def test_a_cut_last_line_is_left_out_and_a_bad_line_elsewhere_is_an_error(tmp_path):
     path, _c = stopped_journal(tmp_path, {None: 100.0, "16": 90.0, "64": 120.0}, 2)
     good = path.read_text()

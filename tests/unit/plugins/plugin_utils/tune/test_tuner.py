@@ -32,6 +32,8 @@ def test_plan_of_the_cpu_profile_lists_the_default_first():
     ({"output_len": True}, "output_len must be an integer >= 1, got True"),
     ({"eta": 1}, "eta must be an integer >= 2, got 1"),
     ({"reference_every": -1, "grid": True}, "reference_every must be an integer >= 0, got -1"),
+    ({"min_lifetimes": -2}, "min_lifetimes must be a number >= 0 (0: the window only), got -2"),
+    ({"min_lifetimes": "5"}, "min_lifetimes must be a number >= 0 (0: the window only), got '5'"),
     ({"reference_every": 2, "strategy": "screen"},
      "reference_every measures the default between the grid's candidates: it needs strategy "
      "grid, got 'screen'"),
@@ -65,6 +67,7 @@ def test_each_measurement_is_journaled_as_it_is_taken(tmp_path):
 
     def play(extravars):
         seen.append(extravars["vllm_tune_levels"])
+        assert extravars["vllm_tune_min_lifetimes"] == 5  # the default, to the sweep
         return answers[len(seen) - 1]
 
     t = Tuner("h1", "cpu-tiny", play, journal=str(journal), slo_class="mlperf-server",
