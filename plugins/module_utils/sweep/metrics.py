@@ -55,13 +55,12 @@ clock, reported in milliseconds):
   cross-check compares it with the ``vllm:prompt_tokens_total`` delta).
 * Precision (``precision``): output tok/s with a batch-means interval (the window cut into
   ``PRECISION_BATCHES`` equal sub-windows, fewer where a sub-window would be shorter than one
-  request lifetime, the median E2E of the requests completed in the window: in a closed loop of requests of
-  one length the requests run in phase, so a shorter sub-window sees a part of the cycle, all
-  prefill or all decode, and the batch means swing with the phase, not with the server; the
-  count is the window's length in lifetimes, rounded, and a window of fewer than 1.5
-  lifetimes has no interval; each request's tokens spread evenly over
-  the span of its token chunks, the tokens falling in a sub-window / its length are the batch
-  values; the interval is centred on the window's output tok/s) and TTFT p50 with the
+  request lifetime, the median E2E of the requests completed in the window: in a closed loop
+  of requests of one length the requests run in phase, so a shorter sub-window sees a part of
+  the cycle, all prefill or all decode, and the batch means swing with the phase, not with the
+  server; the count is the window's length in lifetimes, rounded, and a window of fewer than
+  1.5 lifetimes has no interval; each request's tokens spread evenly over the span of its
+  token chunks, the tokens falling in a sub-window / its length are the batch values; the interval is centred on the window's output tok/s) and TTFT p50 with the
   distribution-free interval of a median (order statistics) over the measured requests, both
   at 95 % confidence
   (plugins/module_utils/stats/compare.py).
@@ -299,7 +298,8 @@ def precision(records, w0, w1, measured, value=None, seed=0):
     try:
         k = lifetime_batches(records, w0, w1)
         if k < 2:
-            raise CompareError("the window holds %d request lifetime(s) (rounded), fewer than 2" % k)
+            raise CompareError("the window holds %d request lifetime(s) (rounded), fewer "
+                               "than 2" % k)
         iv = batch_means_interval(window_batches(records, w0, w1, k), k)
         if value is not None:
             half = iv["ci_high"] - iv["value"]
