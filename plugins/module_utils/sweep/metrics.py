@@ -60,10 +60,10 @@ clock, reported in milliseconds):
   the cycle, all prefill or all decode, and the batch means swing with the phase, not with the
   server; the count is the window's length in lifetimes, rounded, and a window of fewer than
   1.5 lifetimes has no interval; each request's tokens spread evenly over the span of its
-  token chunks, the tokens falling in a sub-window / its length are the batch values; the interval is centred on the window's output tok/s) and TTFT p50 with the
-  distribution-free interval of a median (order statistics) over the measured requests, both
-  at 95 % confidence
-  (plugins/module_utils/stats/compare.py).
+  token chunks, the tokens falling in a sub-window / its length are the batch values; the
+  interval is centred on the window's output tok/s) and TTFT p50 with the distribution-free
+  interval of a median (order statistics) over the measured requests, both at 95 %
+  confidence (plugins/module_utils/stats/compare.py).
 """
 from __future__ import annotations
 
