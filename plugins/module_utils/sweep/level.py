@@ -55,10 +55,10 @@ class LevelState(object):
     (w1) at the first completion at or after w0 + duration once ``min_requests`` requests
     started and ended inside it; with ``min_lifetimes`` also only once it is that many request
     lifetimes long (metrics.lifetime: the median E2E of the requests completed in it so far);
-    with ``precision_pct`` also only once the 95 % intervals of output tok/s and TTFT p50 are within +-precision_pct
-    of their values; with either of the two at the latest at the first completion at or after
-    w0 + ``max_duration`` (the cap; default 10 x duration). A level where at least max(10, C)
-    requests failed and more failed than succeeded is aborted.
+    with ``precision_pct`` also only once the 95 % intervals of output tok/s and TTFT p50 are
+    within +-precision_pct of their values; with either of the two at the latest at the first
+    completion at or after w0 + ``max_duration`` (the cap; default 10 x duration). A level
+    where at least max(10, C) requests failed and more failed than succeeded is aborted.
     """
 
     def __init__(self, conc, cfg, level_start):
