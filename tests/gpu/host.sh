@@ -21,6 +21,10 @@
 #                                       split on spaces, e.g. "--prompt-format both")
 #   tests/gpu/host.sh tune ARGS...      `vllm-deploy tune -i <the inventory> --host gpuhost ARGS`
 #                                       from the machine (ansible-runner and rich from extras/tune)
+#   tests/gpu/host.sh sweep TAG ARGS... `vllm-deploy sweep -i <the inventory> -l gpuhost ARGS`: the
+#                                       deployed endpoints measured again as a user does; the
+#                                       console into $OUT/sweep-TAG.txt, the saved runs into
+#                                       $OUT/sweep-TAG-reports.tar.gz
 #   tests/gpu/host.sh gate accept|slow|dead
 #                                       the upgrade gate as a user runs it (see step_gate)
 #   tests/gpu/host.sh sleep             vLLM's sleep mode measured as the gate would use it
@@ -284,10 +288,26 @@ step_bench() { # step_bench TAG LEVELS: against the deployed llama (deploy TAG l
   return 0
 }
 
+tune_site() { # the controller side of the vllm_deploy CLI: ansible-runner and rich from extras/tune
+  [ -d "$ST/tune-site/ansible_runner" ] ||
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$ST/tune-site" "$EXTRAS"/tune/*.whl
+}
+
+step_sweep() { # step_sweep TAG ARGS...: `vllm-deploy sweep` over the inventory `deploy` wrote
+  local tag=$1 rc
+  shift
+  tune_site || return 1
+  ( ansible_env
+    export PYTHONPATH=$ROOT:$ANS:$ST/tune-site
+    "$PY" -m vllm_deploy sweep -i "$INV/hosts.yml" -l "$NAME" "$@" 2>&1 | tee "$OUTD/sweep-$tag.txt"
+    exit "${PIPESTATUS[0]}" )
+  rc=$?
+  [ -d "$INV/.reports/$NAME" ] && tar -C "$INV/.reports" -czf "$OUTD/sweep-$tag-reports.tar.gz" "$NAME"
+  return $rc
+}
+
 step_tune() { # step_tune ARGS...: the tuner over the inventory `deploy` wrote
-  if [ ! -d "$ST/tune-site/ansible_runner" ]; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$ST/tune-site" "$EXTRAS"/tune/*.whl || return 1
-  fi
+  tune_site || return 1
   local rc
   ( ansible_env
     export PYTHONPATH=$ROOT:$ANS:$ST/tune-site
@@ -645,6 +665,7 @@ case ${1:-} in
   deploy) shift; step_deploy "$@" ;;
   bench) step_bench "$2" "$3" ;;
   tune) shift; step_tune "$@" ;;
+  sweep) shift; step_sweep "$@" ;;
   kill9) step_kill9 ;;
   stacks) step_stacks ;;
   gate) step_gate "$2" ;;
