@@ -298,7 +298,7 @@ step_sweep() { # step_sweep TAG ARGS...: `vllm-deploy sweep` over the inventory 
   shift
   tune_site || return 1
   ( ansible_env
-    export PYTHONPATH=$ROOT:$ANS:$ST/tune-site
+    export PYTHONPATH=$ROOT:$ANS:$ST/tune-site PYTHONUNBUFFERED=1
     "$PY" -m vllm_deploy sweep -i "$INV/hosts.yml" -l "$NAME" "$@" 2>&1 | tee "$OUTD/sweep-$tag.txt"
     exit "${PIPESTATUS[0]}" )
   rc=$?
