@@ -21,6 +21,11 @@
 #                                       split on spaces, e.g. "--prompt-format both")
 #   tests/gpu/host.sh tune ARGS...      `vllm-deploy tune -i <the inventory> --host gpuhost ARGS`
 #                                       from the machine (ansible-runner and rich from extras/tune)
+#   tests/gpu/host.sh screen-grid ARGS...
+#                                       the tuner's screen (GPU_HOST_SCREEN_MINUTES, 10), then the
+#                                       grid over the same candidates resumed from the screen's
+#                                       journal (GPU_HOST_GRID_MINUTES, 8); ARGS as for tune, less
+#                                       --strategy, --rounds and --minutes
 #   tests/gpu/host.sh sweep TAG ARGS... `vllm-deploy sweep -i <the inventory> -l gpuhost ARGS`: the
 #                                       deployed endpoints measured again as a user does; the
 #                                       console into $OUT/sweep-TAG.txt, the saved runs into
@@ -316,6 +321,27 @@ step_tune() { # step_tune ARGS...: the tuner over the inventory `deploy` wrote
   rc=$?
   cp "$INV/host_vars/$NAME/vllm_tune.yml" "$OUTD/" 2>/dev/null
   [ -d "$INV/.reports/$NAME/tune" ] && tar -C "$INV/.reports/$NAME" -czf "$OUTD/tune-reports.tar.gz" tune
+  return $rc
+}
+
+step_screen_grid() { # step_screen_grid ARGS...: the tuner's screen, then the grid over the same
+  # candidates resumed from the screen's journal (both with one round, so their windows match): the
+  # grid serves the default again (its anchor), the candidates the screen did not serve, and the
+  # default last; each run's console, write-back and reports into $OUT as tune-screen*/tune-grid*
+  local rc=0 run j
+  for run in screen grid; do
+    if [ "$run" = grid ]; then
+      j=$(ls -td "$INV/.reports/$NAME/tune"/*/ 2>/dev/null | head -n 1)
+      [ -s "$j/measurements.jsonl" ] || { log "screen-grid: the screen left no journal"; return 1; }
+      step_tune --strategy grid --rounds 1 --minutes "${GPU_HOST_GRID_MINUTES:-8}" --resume "$j" "$@" || rc=$?
+    else
+      step_tune --strategy screen --rounds 1 --minutes "${GPU_HOST_SCREEN_MINUTES:-10}" "$@" || rc=$?
+    fi
+    mv "$OUTD/tune.txt" "$OUTD/tune-$run.txt" 2>/dev/null
+    mv "$OUTD/vllm_tune.yml" "$OUTD/vllm_tune-$run.yml" 2>/dev/null
+    mv "$OUTD/tune-reports.tar.gz" "$OUTD/tune-$run-reports.tar.gz" 2>/dev/null
+    log "screen-grid: the $run ended, rc $rc"
+  done
   return $rc
 }
 
@@ -665,6 +691,7 @@ case ${1:-} in
   deploy) shift; step_deploy "$@" ;;
   bench) step_bench "$2" "$3" ;;
   tune) shift; step_tune "$@" ;;
+  screen-grid) shift; step_screen_grid "$@" ;;
   sweep) shift; step_sweep "$@" ;;
   kill9) step_kill9 ;;
   stacks) step_stacks ;;
