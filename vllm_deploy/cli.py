@@ -132,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--reference", help="candidate id whose outputs are the reference")
     t.add_argument("--min-match", type=float, default=0.9, help="token match rate to pass")
     t.add_argument("--apply", action="store_true", help="serve the winner and write it back")
+    t.add_argument("--no-restore", dest="restore", action="store_false",
+                   help="leave the last candidate serving instead of serving the inventory's "
+                        "configuration again (for a run followed at once by another)")
     t.add_argument("--grid", action="store_true", help="measure the full grid (baseline)")
     t.add_argument("--strategy", default="auto", choices=["auto", "screen", "halving", "grid"],
                    help="screen: one knob at a time from the default, then the winners' "
@@ -397,7 +400,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 max_rounds=args.rounds, input_len=args.input_len, output_len=args.output_len,
                 min_lifetimes=args.min_lifetimes,
                 port=args.port, reference=args.reference, min_match=args.min_match,
-                apply=args.apply, grid=args.grid, strategy=args.strategy, plan_only=args.plan_only,
+                apply=args.apply, restore=args.restore, grid=args.grid, strategy=args.strategy, plan_only=args.plan_only,
                 weights_bytes=args.weights_bytes, profile_overrides=args.profile_overrides,
                 extra_args=shlex.split(args.tune_extra_args) if args.tune_extra_args else None,
                 expert_parallel=[x.lower() == "true" for x in _split(args.ep) or []] or None,

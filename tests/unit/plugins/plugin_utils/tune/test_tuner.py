@@ -90,3 +90,33 @@ def test_each_measurement_is_journaled_as_it_is_taken(tmp_path):
     assert ok["measure_s"] == 0.0 and ok["serve_s"] == ok["elapsed_s"]
     assert "measure_s" not in bad and "serve_s" not in bad
 
+
+
+@pytest.mark.parametrize("argv, restores", [([], True), (["--no-restore"], False)])
+def test_restore_serves_the_inventory_again_unless_the_cli_says_no_restore(argv, restores):
+    """After the search the inventory's configuration is served again (a play that measures
+    nothing); `vllm-deploy tune --no-restore` leaves the last candidate serving."""
+    from vllm_deploy import cli
+    args = cli.build_parser().parse_args(
+        ["tune", "-i", "inv.yml", "--host", "h1", "--profile", "cpu-tiny"] + argv)
+    assert args.restore is restores
+    level = {"concurrency": 2, "output_tok_s": 50.0, "slo": {"met": True},
+             "goodput": {"output_tok_s": 48.5}}
+    plays = []
+
+    def play(extravars):
+        plays.append(extravars)
+        if extravars.get("vllm_tune_measure") is False:
+            return {"rc": 0, "facts": {}}
+        return {"rc": 0, "facts": {"vllm_tune_measurement": {"levels": [[level]],
+                                                             "measure_s": "0.0"}}}
+
+    t = Tuner("h1", "cpu-tiny", play, slo_class="mlperf-server", budget_candidates=1,
+              levels=[2], restore=args.restore)
+    t.run()
+    restored = [p for p in plays if p.get("vllm_tune_measure") is False]
+    assert len(plays) - len(restored) == 1  # the one candidate, measured
+    assert len(restored) == (1 if restores else 0)
+    if restores:  # the inventory's own instances: no candidate's instances in the play
+        assert "vllm_service_instances" not in restored[0]
+        assert restored[0]["vllm_tune_stop_units"] == ["vllm-main.service"]
