@@ -326,8 +326,8 @@ step_tune() { # step_tune ARGS...: the tuner over the inventory `deploy` wrote
 
 step_screen_grid() { # step_screen_grid ARGS...: the tuner's screen, then the grid over the same
   # candidates resumed from the screen's journal (both with one round, so their windows match): the
-  # grid serves the default again (its anchor), the candidates the screen did not serve, and the
-  # default last; each run's console, write-back and reports into $OUT as tune-screen*/tune-grid*
+  # screen leaves its last candidate serving (the grid starts at once), the grid serves the default
+  # again (its anchor), the candidates the screen did not serve, and the default last; each run's console, write-back and reports into $OUT as tune-screen*/tune-grid*
   local rc=0 run j
   for run in screen grid; do
     if [ "$run" = grid ]; then
@@ -335,7 +335,7 @@ step_screen_grid() { # step_screen_grid ARGS...: the tuner's screen, then the gr
       [ -s "$j/measurements.jsonl" ] || { log "screen-grid: the screen left no journal"; return 1; }
       step_tune --strategy grid --rounds 1 --minutes "${GPU_HOST_GRID_MINUTES:-8}" --resume "$j" "$@" || rc=$?
     else
-      step_tune --strategy screen --rounds 1 --minutes "${GPU_HOST_SCREEN_MINUTES:-10}" "$@" || rc=$?
+      step_tune --strategy screen --rounds 1 --minutes "${GPU_HOST_SCREEN_MINUTES:-10}" --no-restore "$@" || rc=$?
     fi
     mv "$OUTD/tune.txt" "$OUTD/tune-$run.txt" 2>/dev/null
     mv "$OUTD/vllm_tune.yml" "$OUTD/vllm_tune-$run.yml" 2>/dev/null
