@@ -237,12 +237,18 @@ def decide(a, b, default_noise=0.1):
 
 def versus_default(table, noise_floor=0.1):
     """Winner vs the default candidate: goodput ratio and verdict; 'default is best' when the
-    winner is the default or ties with it."""
+    winner is the default or ties with it, 'nothing to compare' when nothing else qualified."""
     win = next((r for r in table if r["rank"] == 1), None)
     dflt = next((r for r in table if r["default"]), None)
     if win is None or dflt is None:
         return {"ratio": None, "verdict": "no default measured" if win else "no winner"}
     if win["id"] == dflt["id"]:
+        if not any(not r["default"] and not r["disqualified"] for r in table):
+            # nothing else qualified (the budget ran out, or every other candidate failed):
+            # the default won by default, not by comparison
+            return {"ratio": 1.0, "default": dflt["id"], "winner": win["id"],
+                    "verdict": "nothing to compare: no other candidate was measured and "
+                               "qualified (see not_measured and the disqualified)"}
         return {"ratio": 1.0, "verdict": "the default is already best",
                 "default": dflt["id"], "winner": win["id"]}
     v = decide(dict(win, _m=_interval_m(win)), dict(dflt, _m=_interval_m(dflt)), noise_floor)

@@ -257,6 +257,23 @@ def test_minutes_budget_stops_the_search():
     assert set(unserved.values()) == {"not measured (minutes budget of 1 reached)"}
 
 
+def test_a_budget_that_measured_only_the_default_says_nothing_was_compared():
+    """The budget ran out after vLLM's defaults: the default wins by default, and the verdict
+    must not claim it beat anything."""
+    now = [0.0]
+
+    def clock():
+        now[0] += 50.0
+        return now[0]
+    s, results, host = _search(RATES, budget={"minutes": 1}, clock=clock)
+    assert len(host.calls) == 1 and set(results) == {"tp1"}
+    table, decision = t.rank(results)
+    assert decision["winner"] == "tp1"
+    vs = t.versus_default(table)
+    assert vs["verdict"].startswith("nothing to compare: no other candidate was measured")
+    assert vs["winner"] == vs["default"] == "tp1"
+
+
 def test_a_grid_stopped_by_its_minutes_still_measures_the_default_again():
     """Each serve takes 100 s on the host's clock and the budget is 5 minutes: without the
     default's 100 s kept back, the grid would serve two candidates after the default and
