@@ -325,24 +325,24 @@ step_tune() { # step_tune ARGS...: the tuner over the inventory `deploy` wrote
 }
 
 step_screen_grid() { # step_screen_grid ARGS...: the tuner's screen, then the grid over the same
-  # candidates resumed from the screen's journal (both with one round, so their windows match): the
-  # screen leaves its last candidate serving (the grid starts at once), the grid serves the default
-  # again (its anchor), the candidates the screen did not serve, and the default last; each run's console, write-back and reports into $OUT as tune-screen*/tune-grid*
-  local rc=0 run j
-  for run in screen grid; do
-    if [ "$run" = grid ]; then
-      j=$(ls -td "$INV/.reports/$NAME/tune"/*/ 2>/dev/null | head -n 1)
-      [ -s "$j/measurements.jsonl" ] || { log "screen-grid: the screen left no journal"; return 1; }
-      step_tune --strategy grid --rounds 1 --minutes "${GPU_HOST_GRID_MINUTES:-8}" --resume "$j" "$@" || rc=$?
-    else
-      step_tune --strategy screen --rounds 1 --minutes "${GPU_HOST_SCREEN_MINUTES:-10}" --no-restore "$@" || rc=$?
-    fi
-    mv "$OUTD/tune.txt" "$OUTD/tune-$run.txt" 2>/dev/null
-    mv "$OUTD/vllm_tune.yml" "$OUTD/vllm_tune-$run.yml" 2>/dev/null
-    mv "$OUTD/tune-reports.tar.gz" "$OUTD/tune-$run-reports.tar.gz" 2>/dev/null
-    log "screen-grid: the $run ended, rc $rc"
-  done
+  # candidates resumed from the screen's journal (both one round, so their windows match). The
+  # screen leaves its last candidate serving, so the grid starts at once; the grid serves the
+  # default again (its anchor), what the screen did not serve, and the default last. Each run's
+  # console, write-back and reports go into $OUT as tune-screen* and tune-grid*.
+  local rc=0 j
+  step_tune --strategy screen --rounds 1 --minutes "${GPU_HOST_SCREEN_MINUTES:-10}" --no-restore "$@" || rc=$?
+  keep_tune_outputs screen $rc
+  j=$(ls -td "$INV/.reports/$NAME/tune"/*/ 2>/dev/null | head -n 1)
+  [ -s "$j/measurements.jsonl" ] || { log "screen-grid: the screen left no journal"; return 1; }
+  step_tune --strategy grid --rounds 1 --minutes "${GPU_HOST_GRID_MINUTES:-8}" --resume "$j" "$@" || rc=$?
+  keep_tune_outputs grid $rc
   return $rc
+}
+keep_tune_outputs() { # keep_tune_outputs RUN RC: step_tune's fixed file names, renamed for RUN
+  mv "$OUTD/tune.txt" "$OUTD/tune-$1.txt" 2>/dev/null
+  mv "$OUTD/vllm_tune.yml" "$OUTD/vllm_tune-$1.yml" 2>/dev/null
+  mv "$OUTD/tune-reports.tar.gz" "$OUTD/tune-$1-reports.tar.gz" 2>/dev/null
+  log "screen-grid: the $1 ended, rc $2"
 }
 
 step_kill9() {
