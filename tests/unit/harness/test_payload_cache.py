@@ -1,9 +1,14 @@
 """tests/harness/ansible_plugins/callback/vd_payload_cache.py: module payloads kept between
 ansible-playbook runs, keyed by their sources, and equal to the ones Ansible builds."""
+import base64
+import importlib.util
+import io
 import json
+import marshal
 import os
 import subprocess
 import sys
+import zipfile
 
 from ansible.executor import module_common
 
@@ -33,7 +38,7 @@ def counting(*a, **kw):
     calls.append(a[1])
     return real_finder(*a, **kw)
 module_common.recursive_finder = counting
-mode, out = sys.argv[3], []
+mode, out, zips = sys.argv[3], [], []
 if mode == "cache":
     pc.install(sys.argv[4])
 else:
@@ -48,7 +53,8 @@ for spec in sys.argv[5:]:
     blob = max((p for p in text.replace('"', "'").split("'") if len(p) > 1000), key=len)
     with zipfile.ZipFile(io.BytesIO(base64.b64decode(blob))) as z:
         out.append({n: hashlib.sha256(z.read(n)).hexdigest() for n in z.namelist()})
-print(json.dumps({"payloads": out, "built": len(calls)}))
+        zips.append(base64.b64encode(z.fp.getvalue()).decode())
+print(json.dumps({"payloads": out, "built": len(calls), "zips": zips}))
 """
 
 
@@ -62,7 +68,7 @@ def build(mode, directory, *specs):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_a_kept_payload_is_built_once_and_equals_what_ansible_builds(tmp_path):
+def test_a_kept_payload_is_built_once_and_holds_what_ansible_builds_and_its_bytecode(tmp_path):
     base = tmp_path / "cache"
     first = build("cache", base, "gpu_facts=" + GPU_FACTS, "stat=" + STAT)
     assert first["built"] == 2
@@ -73,11 +79,42 @@ def test_a_kept_payload_is_built_once_and_equals_what_ansible_builds(tmp_path):
     assert any(n.endswith("vllm_ops/deploy/plugins/module_utils/host/gpu_facts.py")
                for n in first["payloads"][0]), sorted(first["payloads"][0])
     assert len(os.listdir(str(base))) == 2  # one directory per module's sources
-    # Ansible alone, its per-run cache in a fresh directory, builds the same payloads
+    # Ansible alone, its per-run cache in a fresh directory, builds the same files, byte for
+    # byte; the kept payload adds, beside each Python source, its bytecode and nothing else
     plain = build("plain", tmp_path / "fresh", "gpu_facts=" + GPU_FACTS, "stat=" + STAT)
     assert plain["built"] == 2
-    assert plain["payloads"] == first["payloads"]
+    for kept, built, blob in zip(first["payloads"], plain["payloads"], first["zips"]):
+        assert {n: h for n, h in kept.items() if not n.endswith(".pyc")} == built
+        sources = [n for n in built if n.endswith(".py")]
+        assert sorted(n for n in kept if n.endswith(".pyc")) == sorted(n + "c" for n in sources)
+        with zipfile.ZipFile(io.BytesIO(base64.b64decode(blob))) as z:
+            for n in sources:
+                pyc = z.read(n + "c")
+                assert pyc[:4] == importlib.util.MAGIC_NUMBER
+                assert pyc[8:16] == importlib.util.source_hash(z.read(n))
+                assert marshal.loads(pyc[16:]) == compile(z.read(n), n, "exec", dont_inherit=True)
     assert pc.payload_key(STAT) != pc.payload_key(GPU_FACTS)
+
+
+def test_zipimport_loads_the_kept_bytecode_and_a_python_of_another_version_the_source(tmp_path):
+    blob = build("cache", tmp_path / "cache", "stat=" + STAT)["zips"][0]
+    payload = tmp_path / "payload.zip"
+    payload.write_bytes(base64.b64decode(blob))
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import ansible.module_utils.basic as b; "
+             "print(b.AnsibleModule.__init__.__code__.co_filename)")
+    out = subprocess.run([sys.executable, "-c", probe, str(payload)], capture_output=True,
+                         text=True, check=True)
+    # compiled here from the payload's own name: the bytecode was loaded, not the source
+    assert out.stdout.strip() == "ansible/module_utils/basic.py"
+    # bytecode of another Python version: zipimport falls back to the source
+    other = tmp_path / "other.zip"
+    with zipfile.ZipFile(str(payload)) as z, zipfile.ZipFile(str(other), "w") as w:
+        for info in z.infolist():
+            data = z.read(info)
+            w.writestr(info, b"\0\0\r\n" + data[4:] if info.filename.endswith(".pyc") else data)
+    out = subprocess.run([sys.executable, "-c", probe, str(other)], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == os.path.join(str(other), "ansible", "module_utils", "basic.py")
 
 
 def test_an_edit_of_a_module_utils_file_or_the_module_makes_a_new_key(tmp_path, monkeypatch):

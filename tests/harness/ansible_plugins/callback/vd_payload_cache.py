@@ -4,13 +4,15 @@
 # same modules. This callback, loaded through ANSIBLE_CALLBACK_PLUGINS by the Makefile's heavy
 # test jobs only (PAYLOAD_CACHE_ENV), keeps those payloads between runs
 # under VD_PAYLOAD_CACHE, in a directory named after everything a payload is made from:
-#   - ansible-core's version and the module's absolute path;
+#   - ansible-core's version, this Python's bytecode tag and the module's absolute path;
 #   - for a collection's module: size and mtime of every file under the collection's
 #     plugins/module_utils and of the module itself, so an edit makes a new directory.
 # Modules of other collections (which may import a third collection's module_utils) and
-# anything but Python modules are built as Ansible builds them. The payload itself is the one
-# Ansible would build: this changes where Ansible's own per-run cache lives, nothing else.
-# It prints nothing.
+# anything but Python modules are built as Ansible builds them. A kept payload holds every file
+# of the one Ansible would build, byte for byte, and beside each Python source its bytecode,
+# compiled here from those bytes: zipimport on the host loads it instead of compiling every
+# module_utils file again for each task (a host whose Python reads another bytecode version
+# compiles the sources, as without this cache). It prints nothing.
 from __future__ import annotations
 
 DOCUMENTATION = """
@@ -22,8 +24,14 @@ description:
     sources, under the VD_PAYLOAD_CACHE environment variable. Without it, does nothing.
 """
 
+import base64
 import hashlib
+import importlib.util
+import io
+import marshal
 import os
+import sys
+import zipfile
 
 from ansible import release
 from ansible.executor import module_common
@@ -50,7 +58,7 @@ def _tree_stamp(root):
 def payload_key(module_path):
     """The cache directory's name for a module, or None where the payload is not kept."""
     path = os.path.abspath(module_path)
-    parts = [release.__version__, path]
+    parts = [release.__version__, sys.implementation.cache_tag, path]
     if not path.startswith(_CORE_MODULES):
         marker = os.sep + "plugins" + os.sep + "modules" + os.sep
         root = path.split(marker)[0]
@@ -72,22 +80,54 @@ class _Constants:
         return getattr(self._real, name)
 
 
+def with_bytecode(zip_data):
+    """The base64 payload with, beside each Python source, its bytecode (an unchecked
+    hash-based .pyc of the same bytes, PEP 552) that zipimport loads instead of compiling."""
+    raw = base64.b64decode(zip_data)
+    zin = zipfile.ZipFile(io.BytesIO(raw))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            zout.writestr(info, data)
+            if info.filename.endswith(".py"):
+                try:
+                    code = compile(data, info.filename, "exec", dont_inherit=True)
+                except SyntaxError:
+                    continue  # zipimport compiles it on the host, as without this cache
+                pyc = bytearray(importlib.util.MAGIC_NUMBER)
+                pyc += (1).to_bytes(4, "little")  # hash-based, not checked
+                pyc += importlib.util.source_hash(data)
+                pyc += marshal.dumps(code)
+                zi = zipfile.ZipInfo(info.filename[:-3] + ".pyc", info.date_time)
+                zi.compress_type = zipfile.ZIP_DEFLATED
+                zout.writestr(zi, bytes(pyc))
+    return base64.b64encode(out.getvalue())
+
+
 def install(base):
     """Wrap module_common._find_module_utils so that kept payloads are read from base."""
     original = module_common._find_module_utils
     if getattr(original, "_vd_payload_cache", None):
         return
     real_constants = module_common.C
+    real_dump = module_common._CachedModule.dump
+
+    def dump_with_bytecode(self, path):
+        object.__setattr__(self, "zip_data", with_bytecode(self.zip_data))
+        return real_dump(self, path)
 
     def find_module_utils(**kwargs):
         key = payload_key(kwargs["module_path"])
         if key is None:
             return original(**kwargs)
         module_common.C = _Constants(real_constants, os.path.join(base, key))
+        module_common._CachedModule.dump = dump_with_bytecode
         try:
             return original(**kwargs)
         finally:
             module_common.C = real_constants
+            module_common._CachedModule.dump = real_dump
 
     find_module_utils._vd_payload_cache = True
     module_common._find_module_utils = find_module_utils
