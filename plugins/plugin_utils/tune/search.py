@@ -168,15 +168,24 @@ class Search:
             (self.clock() - t0) + keep_s >= mins * 60.0
 
     def _bracket_reserve(self, cand):
-        """Seconds kept back for the bracket before ``cand`` starts: the default's first
-        measurement's time, once it was served in this run (0 otherwise)."""
+        """Seconds kept back for the bracket before ``cand`` starts, once the default was
+        served in this run (0 otherwise): its first measurement's time, or, once another
+        candidate was served after it, its measuring time plus the longest restart served
+        since. The default is served first, often by an engine's cold start (compile and JIT
+        caches empty), which a restart for the bracket does not pay again."""
         if not self.bracket or cand.get("default"):
             return 0.0
         default = next((c for c in self.candidates if c.get("default")), None)
         res = self.results.get(default["id"]) if default else None
         if not res or res["rounds"][0].get("resumed") or not self._qualified(default["id"]):
             return 0.0
-        return float(res["rounds"][0].get("elapsed_s") or 0.0)
+        first = res["rounds"][0]
+        restarts = [r["serve_s"] for cid, other in self.results.items() if cid != default["id"]
+                    for r in other["rounds"] if not r.get("resumed") and r.get("serve_s") is not None]
+        if restarts and first.get("measure_s") is not None:
+            return min(float(first.get("elapsed_s") or 0.0),
+                       float(first["measure_s"]) + max(restarts))
+        return float(first.get("elapsed_s") or 0.0)
 
     def run(self):
         t0 = self.clock() if self.clock else 0.0
@@ -275,6 +284,9 @@ class Search:
         res["rounds"].append({"round": rnd + 1, "window_s": window, "levels": levels,
                               "sweep": m["levels"], "score": score(m["levels"], gpus),
                               "elapsed_s": m.get("elapsed_s")})
+        for k in ("serve_s", "measure_s"):
+            if m.get(k) is not None:
+                res["rounds"][-1][k] = m[k]
         if m.get("resumed"):
             res["rounds"][-1]["resumed"] = True
         if m.get("correctness") is not None and "correctness" not in res:

@@ -247,7 +247,10 @@ class Tuner(object):
                  % (cand["id"], window, lv, sc["goodput_tok_s"], sc["goodput_level"], elapsed,
                     split))
         self._record(cand, run, sc, combined, outs)
-        return {"levels": combined, "elapsed_s": elapsed, "correctness": outs}
+        out = {"levels": combined, "elapsed_s": elapsed, "correctness": outs}
+        if "serve_s" in run:
+            out.update(serve_s=run["serve_s"], measure_s=run["measure_s"])
+        return out
 
     def recall(self, cand, window, lv):
         """A resumed run: the journal's measurement of ``cand`` (anchored on the default

@@ -300,6 +300,36 @@ def test_a_grid_stopped_by_its_minutes_still_measures_the_default_again():
     assert len(s.not_measured) == 4
 
 
+def test_the_bracket_keeps_back_a_restart_not_the_default_s_cold_start():
+    """The default's first serve is a cold start (400 s to serve, 30 s to measure); every
+    restart after it takes 70 s to serve and 30 s to measure. With 15 minutes, keeping the
+    default's whole 430 s back would stop the grid after one candidate; once a restart was
+    seen, the reserve is 30 + 70 s and the grid serves three, then the default again."""
+    now = [0.0]
+
+    class Host(FakeHost):
+        def measure(self, cand, window, levels):
+            serve = 400.0 if not host.calls else 70.0
+            now[0] += serve + 30.0
+            out = FakeHost.measure(self, cand, window, levels)
+            out.update(elapsed_s=serve + 30.0, serve_s=serve, measure_s=30.0)
+            return out
+
+    admitted, _refused = t.admit(t.enumerate_layouts(0))
+    cands, _dropped = t.build_candidates(admitted, {"max-num-seqs": [None, 2, 8]})
+    host = Host(RATES, wobble=0.0)
+    s = t.Search(cands, host.measure, [1, 2], base_window_s=2, max_rounds=1,
+                 budget={"minutes": 15}, clock=lambda: now[0], bracket=True)
+    s.run()
+    ids = [c for c, _w, _l in host.calls]
+    # 430 (default) + 4 x 100 = 830; a fifth would start at 830 with 100 s kept: 930 >= 900
+    assert ids[0] == "tp1" and ids[-1] == "tp1" and len(ids) == 6, ids
+    assert any("100 s kept for measuring the default again" in line for line in s.log), s.log
+    assert s.drift is not None and len(s.not_measured) == 1
+    rounds = s.results["tp1"]["rounds"]
+    assert rounds[0]["serve_s"] == 400.0 and rounds[0]["measure_s"] == 30.0
+
+
 def test_references_between_candidates_see_a_drift_that_goes_up_and_back_down():
     """The host's speed goes up by 40 % in the middle of the run and back: the default measures
     100 first and 100 last, so the bracket alone sees no drift and a candidate at 125 (tight
