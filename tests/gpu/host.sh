@@ -56,6 +56,10 @@
 #   tests/gpu/host.sh collect           logs, journal, write-back, unit files into $OUT
 #   tests/gpu/host.sh unitlog [INST]    the journal of vllm-INST.service (main), gzipped, into $OUT
 #   tests/gpu/host.sh stop              stop the host
+#   tests/gpu/host.sh caches-save       the service user's caches (vLLM compile, Inductor, Triton,
+#                                       FlashInfer JIT) into $OUT as caches.tgz.partNN (15 MiB each)
+#   tests/gpu/host.sh caches DIR        unpack DIR's caches.tgz.part* into the service user's home
+#                                       (after a deploy made the user, before the engine's first start)
 #
 # State lives in /var/tmp/vd-gpu (not /tmp: the host gets a /tmp of its own); it survives between
 # back-to-back calls on a warm machine. Results go to $OUT. Knobs: GPU_HOST_PYTHON (the image's
@@ -678,6 +682,39 @@ step_unitlog() { # step_unitlog [INSTANCE]: the instance's journal, times to the
   log "unitlog: $u, $(zcat "$OUTD/unit-${1:-main}.log.gz" | wc -l) lines"
 }
 
+# The service user's caches that a cold start fills (vLLM's torch.compile cache, Inductor,
+# Triton, FlashInfer's JIT builds): kept from one lease (caches-save, at most 45 MiB) and
+# unpacked into the next lease's host after the deploy made the user and before the engine's
+# first start (caches DIR), so that start does not build them again. H100 and H200 are both
+# sm_90: what one builds the other loads.
+CACHE_DIRS=".cache/vllm .cache/torchinductor .cache/triton .cache/flashinfer"
+service_home() { ssh_host "getent passwd ${GPU_HOST_SERVICE_USER:-vllm} | cut -d: -f6"; }
+
+step_caches_save() { # step_caches_save: the caches into $OUT as caches.tgz.partNN, 15 MiB each
+  local home
+  home=$(service_home)
+  [ -n "$home" ] || { log "caches-save: no service user on the host"; return 1; }
+  ssh_host "cd '$home' && du -sh $CACHE_DIRS >&2 2>/dev/null; tar -czf - \$(ls -d $CACHE_DIRS 2>/dev/null)" \
+    >"$ST/caches.tgz" 2>"$ST/caches.du" || { cat "$ST/caches.du"; return 1; }
+  cat "$ST/caches.du"
+  if [ "$(stat -c %s "$ST/caches.tgz")" -gt $((45 * 1024 * 1024)) ]; then
+    log "caches-save: $(du -h "$ST/caches.tgz" | cut -f1) compressed, over the 45 MiB that come back"
+    return 1
+  fi
+  rm -f "$OUTD"/caches.tgz.part*
+  split -b 15m -d -a 2 "$ST/caches.tgz" "$OUTD/caches.tgz.part"
+  log "caches-save: $(du -h "$ST/caches.tgz" | cut -f1) in $(ls "$OUTD"/caches.tgz.part* | wc -l) parts ($(sha256sum "$ST/caches.tgz" | cut -c1-16))"
+}
+
+step_caches() { # step_caches DIR: DIR's caches.tgz.part* into the service user's home
+  local home
+  home=$(service_home)
+  [ -n "$home" ] || { log "caches: no service user on the host yet (deploy first)"; return 1; }
+  ls "$1"/caches.tgz.part* >/dev/null 2>&1 || { log "caches: no caches.tgz.part* in $1"; return 1; }
+  cat "$1"/caches.tgz.part* | ssh_host "cd '$home' && tar -xzf - && chown -R ${GPU_HOST_SERVICE_USER:-vllm}: .cache && du -sh $CACHE_DIRS 2>/dev/null" \
+    && log "caches: unpacked into $home ($(cat "$1"/caches.tgz.part* | sha256sum | cut -c1-16))"
+}
+
 step_stop() {
   local pid
   for pid in $(pgrep -f "systemd-nspawn --boot --register=no --keep-unit -D $MNT" 2>/dev/null); do kill "$pid"; done
@@ -703,6 +740,8 @@ case ${1:-} in
   unitlog) step_unitlog "${2:-}" ;;
   smi) step_smi ;;
   stop) step_stop ;;
+  caches-save) step_caches_save ;;
+  caches) step_caches "$2" ;;
   bg) shift; step_bg "$@" ;;
   wait) step_wait "$2" "$3" ;;
   *) sed -n '2,/^# State lives/p' "$0" | sed '$d'; exit 2 ;;
