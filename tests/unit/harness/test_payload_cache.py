@@ -39,8 +39,8 @@ def counting(*a, **kw):
     return real_finder(*a, **kw)
 module_common.recursive_finder = counting
 mode, out, zips = sys.argv[3], [], []
-if mode == "cache":
-    pc.install(sys.argv[4])
+if mode in ("cache", "source"):
+    pc.install(sys.argv[4], bytecode=mode == "cache")
 else:
     module_common.C.DEFAULT_LOCAL_TMP = sys.argv[4]
 for spec in sys.argv[5:]:
@@ -94,6 +94,17 @@ def test_a_kept_payload_is_built_once_and_holds_what_ansible_builds_and_its_byte
                 assert pyc[8:16] == importlib.util.source_hash(z.read(n))
                 assert marshal.loads(pyc[16:]) == compile(z.read(n), n, "exec", dont_inherit=True)
     assert pc.payload_key(STAT) != pc.payload_key(GPU_FACTS)
+
+
+def test_without_bytecode_a_kept_payload_is_the_one_ansible_builds(tmp_path):
+    base = tmp_path / "cache"
+    kept = build("source", base, "gpu_facts=" + GPU_FACTS)
+    plain = build("plain", tmp_path / "fresh", "gpu_facts=" + GPU_FACTS)
+    assert kept["payloads"] == plain["payloads"]
+    assert not any(n.endswith(".pyc") for n in kept["payloads"][0])
+    # kept apart from the payloads with bytecode
+    assert build("cache", base, "gpu_facts=" + GPU_FACTS)["built"] == 1
+    assert build("source", base, "gpu_facts=" + GPU_FACTS)["built"] == 0
 
 
 def test_zipimport_loads_the_kept_bytecode_and_a_python_of_another_version_the_source(tmp_path):

@@ -105,8 +105,9 @@ def with_bytecode(zip_data):
     return base64.b64encode(out.getvalue())
 
 
-def install(base):
-    """Wrap module_common._find_module_utils so that kept payloads are read from base."""
+def install(base, bytecode=True):
+    """Wrap module_common._find_module_utils so that kept payloads are read from base (with
+    their bytecode unless ``bytecode`` is false: tests/benchmarks/bench_payload_bytecode.py)."""
     original = module_common._find_module_utils
     if getattr(original, "_vd_payload_cache", None):
         return
@@ -121,8 +122,10 @@ def install(base):
         key = payload_key(kwargs["module_path"])
         if key is None:
             return original(**kwargs)
-        module_common.C = _Constants(real_constants, os.path.join(base, key))
-        module_common._CachedModule.dump = dump_with_bytecode
+        kept = os.path.join(base, key if bytecode else key + "-source")
+        module_common.C = _Constants(real_constants, kept)
+        if bytecode:
+            module_common._CachedModule.dump = dump_with_bytecode
         try:
             return original(**kwargs)
         finally:
@@ -143,4 +146,4 @@ class CallbackModule(CallbackBase):
         super().__init__(*args, **kwargs)
         base = os.environ.get("VD_PAYLOAD_CACHE", "")
         if base:
-            install(base)
+            install(base, bytecode=os.environ.get("VD_PAYLOAD_BYTECODE", "1") != "0")
