@@ -274,26 +274,36 @@ def test_a_budget_that_measured_only_the_default_says_nothing_was_compared():
     assert vs["winner"] == vs["default"] == "tp1"
 
 
-def test_a_grid_stopped_by_its_minutes_still_measures_the_default_again():
-    """Each serve takes 100 s on the host's clock and the budget is 5 minutes: without the
-    default's 100 s kept back, the grid would serve two candidates after the default and
-    find no time left for the bracket; with it, it serves one, then the default again."""
+def _grid_on_a_clock(minutes, serve_times):
+    """A bracketed grid over the six CPU candidates with a minutes budget, on a clock that each
+    measurement moves by its seconds: ``serve_times(k)`` gives the k-th (0-based) measurement's
+    (serve_s or None, measure_s). Returns (the candidates served in order, the search)."""
     now = [0.0]
 
     class Host(FakeHost):
         def measure(self, cand, window, levels):
-            now[0] += 100.0
+            serve, measure = serve_times(len(self.calls))
             out = FakeHost.measure(self, cand, window, levels)
-            out["elapsed_s"] = 100.0
+            out["elapsed_s"] = (serve or 0.0) + measure
+            if serve is not None:
+                out.update(serve_s=serve, measure_s=measure)
+            now[0] += out["elapsed_s"]
             return out
 
     admitted, _refused = t.admit(t.enumerate_layouts(0))
     cands, _dropped = t.build_candidates(admitted, {"max-num-seqs": [None, 2, 8]})
     host = Host(RATES, wobble=0.0)
     s = t.Search(cands, host.measure, [1, 2], base_window_s=2, max_rounds=1,
-                 budget={"minutes": 5}, clock=lambda: now[0], bracket=True)
+                 budget={"minutes": minutes}, clock=lambda: now[0], bracket=True)
     s.run()
-    ids = [c for c, _w, _l in host.calls]
+    return [c for c, _w, _l in host.calls], s
+
+
+def test_a_grid_stopped_by_its_minutes_still_measures_the_default_again():
+    """Each serve takes 100 s on the host's clock and the budget is 5 minutes: without the
+    default's 100 s kept back, the grid would serve two candidates after the default and
+    find no time left for the bracket; with it, it serves one, then the default again."""
+    ids, s = _grid_on_a_clock(5, lambda k: (None, 100.0))
     assert ids[0] == "tp1" and ids[-1] == "tp1" and len(ids) == 3, ids
     assert s.drift is not None and s.drift["ratio"] == pytest.approx(1.0)
     assert any("100 s kept for measuring the default again" in line for line in s.log), s.log
@@ -303,25 +313,10 @@ def test_a_grid_stopped_by_its_minutes_still_measures_the_default_again():
 def test_the_bracket_keeps_back_a_restart_not_the_default_s_cold_start():
     """The default's first serve is a cold start (400 s to serve, 30 s to measure); every
     restart after it takes 70 s to serve and 30 s to measure. With 15 minutes, keeping the
-    default's whole 430 s back would stop the grid after one candidate; once a restart was
-    seen, the reserve is 30 + 70 s and the grid serves three, then the default again."""
-    now = [0.0]
-
-    class Host(FakeHost):
-        def measure(self, cand, window, levels):
-            serve = 400.0 if not host.calls else 70.0
-            now[0] += serve + 30.0
-            out = FakeHost.measure(self, cand, window, levels)
-            out.update(elapsed_s=serve + 30.0, serve_s=serve, measure_s=30.0)
-            return out
-
-    admitted, _refused = t.admit(t.enumerate_layouts(0))
-    cands, _dropped = t.build_candidates(admitted, {"max-num-seqs": [None, 2, 8]})
-    host = Host(RATES, wobble=0.0)
-    s = t.Search(cands, host.measure, [1, 2], base_window_s=2, max_rounds=1,
-                 budget={"minutes": 15}, clock=lambda: now[0], bracket=True)
-    s.run()
-    ids = [c for c, _w, _l in host.calls]
+    default's whole 430 s back would stop the grid after one other candidate (530 + 430 >= 900);
+    once a restart was seen, the reserve is 30 + 70 s and the grid serves four, then the
+    default again."""
+    ids, s = _grid_on_a_clock(15, lambda k: (400.0 if k == 0 else 70.0, 30.0))
     # 430 (default) + 4 x 100 = 830; a fifth would start at 830 with 100 s kept: 930 >= 900
     assert ids[0] == "tp1" and ids[-1] == "tp1" and len(ids) == 6, ids
     assert any("100 s kept for measuring the default again" in line for line in s.log), s.log
