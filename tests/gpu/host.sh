@@ -694,6 +694,8 @@ step_caches_save() { # step_caches_save: the caches into $OUT as caches.tgz.part
   local home
   home=$(service_home)
   [ -n "$home" ] || { log "caches-save: no service user on the host"; return 1; }
+  [ -n "$(ssh_host "cd '$home' && ls -d $CACHE_DIRS 2>/dev/null")" ] ||
+    { log "caches-save: none of $CACHE_DIRS in $home (no engine started yet)"; return 1; }
   ssh_host "cd '$home' && du -sh $CACHE_DIRS >&2 2>/dev/null; tar -czf - \$(ls -d $CACHE_DIRS 2>/dev/null)" \
     >"$ST/caches.tgz" 2>"$ST/caches.du" || { cat "$ST/caches.du"; return 1; }
   cat "$ST/caches.du"
