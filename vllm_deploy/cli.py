@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--profile", required=True, help="model profile (profiles/<name>.yml)")
     t.add_argument("--slo", dest="slo_class",
                    help="mlperf-interactive | mlperf-server[:<mlperf model>] | custom")
+    t.add_argument("--also-slo", action="append", metavar="CLASS",
+                   help="another SLO class the same measurements are ranked under (repeatable); "
+                        "the search follows --slo")
     t.add_argument("--ttft-ms", type=float, help="TTFT p99 SLO, ms (custom or override)")
     t.add_argument("--tpot-ms", type=float, help="TPOT p99 SLO, ms (custom or override)")
     t.add_argument("--slo-scale", type=float, default=1.0,
@@ -199,6 +202,20 @@ def render_tune(console, doc) -> None:
     console.print("winner: %s (%s); vs default: %s" % (
         _escape((doc["winner"] or {}).get("id", "none")), _escape(str(doc["decision"]["verdict"])),
         _escape(str(doc["versus_default"].get("verdict")))))
+    for name, other in sorted((doc.get("other_slos") or {}).items()):
+        o_slo = other["slo"]
+        console.print("under %s (TTFT %s ms, TPOT %s ms), the same measurements:" % (
+            _escape(name), o_slo.get("ttft_ms"), o_slo.get("tpot_ms")))
+        for r in other["ranked"]:
+            console.print("%-4s %-48s goodput %8.1f tok/s at C=%-4s %s" % (
+                r["rank"] or "-", _escape(r["id"]), r["goodput_tok_s"], r["goodput_level"],
+                _escape(r["disqualified"] or "")))
+        vs = other.get("versus_default") or {}
+        win = next((r["id"] for r in other["ranked"] if r["rank"] == 1), "none")
+        console.print("winner: %s; vs default: %s%s" % (
+            _escape(win), _escape(str(vs.get("verdict"))),
+            "; not judged: %s" % _escape(", ".join(other["not_judged"]))
+            if other.get("not_judged") else ""))
 
 
 class Progress:
@@ -406,7 +423,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 extra_args=shlex.split(args.tune_extra_args) if args.tune_extra_args else None,
                 expert_parallel=[x.lower() == "true" for x in _split(args.ep) or []] or None,
                 extravars=extravars, resume=args.resume,
-                reference_every=args.reference_every,
+                reference_every=args.reference_every, also_slos=args.also_slo,
                 log=None if args.json or args.plan_only else (lambda m: err.print(_escape(m))))
             if args.json:
                 print(json.dumps(dict(doc), indent=2, default=str))

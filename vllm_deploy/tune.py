@@ -43,7 +43,7 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
          extra_args: Optional[List[str]] = None,
          extravars: Optional[Dict[str, Any]] = None,
          resume: Optional[Union[str, List[str]]] = None, reference_every: int = 0,
-         min_lifetimes: float = 5,
+         min_lifetimes: float = 5, also_slos: Optional[List[str]] = None,
          on_event: Optional[Callable[[Dict[str, Any]], None]] = None,
          log: Optional[Callable[[str], None]] = None) -> TuneResult:
     """Tune ``host`` of ``inventory``; returns the write-back document (see vllm_tune.yml).
@@ -72,6 +72,11 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
     long (the median E2E of its requests), after ``base_window_s`` (or the round's window) has
     passed: its output tok/s interval then has that many batches of at least one lifetime,
     where a request at high concurrency can outlive a short window (0: the window alone).
+    ``also_slos``: other SLO classes (as ``slo_class``, with the same ``params_b`` and
+    ``slo_scale``) the same measurements are ranked under: every request is judged by each, so
+    the document's ``other_slos`` holds, per class, the ranked candidates, the winner and the
+    winner against vLLM's defaults. The search follows ``slo_class`` alone (what it serves, how
+    often, where a sweep stops).
     ``strategy``: ``screen`` (one knob changed from the default at a time, then the combination
     of the winners, then successive halving among the leaders), ``halving`` (successive halving
     over every candidate), ``grid`` (every candidate over every level with the longest window:
@@ -101,7 +106,8 @@ def tune(inventory, host: str, *, profile: str, slo_class: Optional[str] = None,
         max_logprob_gap=max_logprob_gap, pinned=pinned, dummy_weights=dummy_weights,
         apply=apply, restore=restore, grid=grid, strategy=strategy,
         profile_overrides=profile_overrides, extra_args=extra_args, extravars=extravars,
-        resume=resume, reference_every=reference_every, min_lifetimes=min_lifetimes)
+        resume=resume, reference_every=reference_every, min_lifetimes=min_lifetimes,
+        also_slos=also_slos)
     inv_dir = inventory_dirs(inventory)[0]
     rdir = report_dir or tuner_mod.report_dir_for(inv_dir, host)
     journal = os.path.join(rdir, tuner_mod.JOURNAL_FILE)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.settings import check_levels
+from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.settings import (
+    SweepError, check_also_slos, check_levels)
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.benchmark import record as benchmark
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.benchmark.report import compact_level
 
@@ -52,6 +53,16 @@ def levels_problem(levels, name="levels", ascending=False):
     return ""
 
 
+def slos_problem(slos, name="also_slos"):
+    """What is wrong with a mapping of named SLOs ("" when nothing), for a role's assert: the
+    sweep's own check of its also_slos."""
+    try:
+        check_also_slos(slos, name)
+    except SweepError as exc:
+        return str(exc)
+    return ""
+
+
 class FilterModule(object):
     def filters(self):
         return {"vllm_sweep_compact": vllm_sweep_compact,
@@ -59,4 +70,5 @@ class FilterModule(object):
                 "vllm_benchmark_fingerprint": vllm_benchmark_fingerprint,
                 "vllm_public_env": vllm_public_env,
                 "vllm_benchmark_record": vllm_benchmark_record,
-                "levels_problem": levels_problem}
+                "levels_problem": levels_problem,
+                "slos_problem": slos_problem}

@@ -220,6 +220,14 @@ options:
   slo_e2e_ms:
     description: End-to-end latency SLO (ms), as above.
     type: float
+  also_slos:
+    description:
+      - Other SLOs to judge the same requests by, each named, as a mapping of its name to
+        some of C(ttft_ms), C(tpot_ms) and C(e2e_ms) (milliseconds).
+      - Each level gets C(by_slo.<name>) with that SLO's goodput and verdict, computed from
+        the same requests as C(goodput) and C(slo). They do not stop the sweep; the
+        C(slo_*) options alone do.
+    type: dict
   saturation_threshold:
     description: Minimum relative gain of output tok/s per doubling of concurrency.
     type: float
@@ -405,7 +413,8 @@ ansible_facts:
             max), tokens_per_chunk (mean, max), output_length (expected, checked, mismatched,
             fraction, marked), input_length (expected, prompt_format, checked, mismatched,
             fraction, marked, prompt_tokens_total, lengths_seen), errors (message -> count), goodput (request_s, output_tok_s,
-            fraction; null without SLOs), slo (met, breaks), client (cpu_s_level,
+            fraction; null without SLOs), slo (met, breaks), by_slo (with also_slos: per
+            name, its goodput and slo as above), client (cpu_s_level,
             cpu_s_window, cpu_util_window, cpu_ms_per_1k_output_tokens, loop_lag_ms,
             client_limited, client_limited_reasons, connections_opened, per_process
             with processes > 1 or load_generators: one entry per client process with its
@@ -535,6 +544,7 @@ def main():
             slo_ttft_ms=dict(type="float"),
             slo_tpot_ms=dict(type="float"),
             slo_e2e_ms=dict(type="float"),
+            also_slos=dict(type="dict"),
             saturation_threshold=dict(type="float", default=0.1),
             stop_on_saturation=dict(type="bool", default=True),
             request_log_path=dict(type="path"),

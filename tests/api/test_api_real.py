@@ -195,7 +195,7 @@ def test_tune_disqualifies_the_wrong_candidate_and_restores(deployed, inventory,
         budget_candidates=3, knobs={"max-num-seqs": [None, 4], "hf-overrides": [None, BROKEN]},
         instances=[1, 2], pinned=[BROKEN_ID], levels=[1, 2, 4], base_window_s=2, max_rounds=1,
         input_len=32, output_len=32, port=VLLM_PORT, listen_host="127.0.0.1",
-        report_dir=str(tmp_path / "tune"), log=lines.append)
+        report_dir=str(tmp_path / "tune"), log=lines.append, also_slos=["mlperf-server"])
     ids = [r["id"] for r in doc["ranked"]]
     assert set(ids) == {"tp1", BROKEN_ID, "2xtp1"}, ids
     bad = [r for r in doc["ranked"] if r["id"] == BROKEN_ID][0]
@@ -229,6 +229,19 @@ def test_tune_disqualifies_the_wrong_candidate_and_restores(deployed, inventory,
                for j in journaled if j["candidate"] != BROKEN_ID)
     assert any(doc.reports["measurements"] in line and "as it is taken" in line
                for line in lines)
+    # the same requests judged by a second SLO, stricter in both limits than the run's own
+    # (TTFT 2000 < 3000 ms, TPOT 100 < 200 ms): no level has more goodput under it
+    server = "mlperf-server:llama3.1-8b"
+    for j in journaled:
+        for lv in j["sweep"] if j["candidate"] != BROKEN_ID else []:
+            other = lv["by_slo"][server]
+            assert other["goodput"]["output_tok_s"] <= lv["goodput"]["output_tok_s"], lv
+            assert not (other["slo"]["met"] and not lv["slo"]["met"]), lv
+    other = doc["other_slos"][server]
+    assert other["slo"]["ttft_ms"] == 2000.0 and other["not_judged"] == []
+    assert sorted(r["id"] for r in other["ranked"]) == sorted(ids)
+    assert [r["id"] for r in other["ranked"] if r["disqualified"]] == [BROKEN_ID]
+    assert saved["vllm_tune"]["other_slos"][server]["ranked"] == other["ranked"]
     # the inventory's configuration serves again, the second instance is gone
     st = vllm_deploy.status(inventory).status_by_host[HOST]
     assert [i.unit for i in st.instances] == ["vllm-main.service"] and st.serving

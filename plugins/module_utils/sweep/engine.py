@@ -227,6 +227,7 @@ class Sweep(PreflightMixin, WorkersMixin):
         records = state.records
         summary = summarize_level(
             records, conc, w0, w1, self.s.output_len, slo=self.slo(),
+            also_slos=self.s.also_slos,
             expected_prompt_tokens=(self.s.input_len if self.s.endpoint == "completions"
                                     else None),
             prompt_format=self.server.get("prompt_format") or self.prompt_format)

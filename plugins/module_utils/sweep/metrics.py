@@ -368,16 +368,29 @@ def _meets(r, slo):
     return True
 
 
+def goodput(completed_in, slo, dur):
+    """The requests of ``completed_in`` that meet every SLO of ``slo``, per second of the
+    window ``dur``: request_s, output_tok_s and their fraction of the requests."""
+    good = [r for r in completed_in if _meets(r, slo)]
+    return {
+        "request_s": round(len(good) / dur, 4),
+        "output_tok_s": round(sum(r.completion_tokens or 0 for r in good) / dur, 3),
+        "fraction": round(len(good) / float(len(completed_in)), 4) if completed_in else 0.0,
+    }
+
+
 def clean_slo(slo):
     """Keep only the SLOs that were given: {'ttft_ms': .., 'tpot_ms': .., 'e2e_ms': ..}."""
     return dict((k, float(v)) for k, v in (slo or {}).items() if v is not None)
 
 
 def summarize_level(records, concurrency, w0, w1, expected_tokens, slo=None,
-                    expected_prompt_tokens=None, prompt_format=None):
+                    expected_prompt_tokens=None, prompt_format=None, also_slos=None):
     """Summary of one level over the window [w0, w1] (see the module docstring);
     ``expected_prompt_tokens`` (input_len) is what every request's usage.prompt_tokens is
-    compared with (``input_length``)."""
+    compared with (``input_length``). ``also_slos`` ({name: {ttft_ms, tpot_ms, e2e_ms}}):
+    other SLOs the same requests are judged by, each into ``by_slo[name]`` (its goodput and
+    verdict, as ``goodput`` and ``slo`` are for ``slo``); they decide nothing in the sweep."""
     if w1 <= w0:
         raise ValueError("window end %r must be after its start %r" % (w1, w0))
     slo = clean_slo(slo)
@@ -431,16 +444,14 @@ def summarize_level(records, concurrency, w0, w1, expected_tokens, slo=None,
         "input_length": prompt_length_check(records, expected_prompt_tokens, prompt_format),
         "errors": errors,
     }
-    if slo:
-        good = [r for r in completed_in if _meets(r, slo)]
-        summary["goodput"] = {
-            "request_s": round(len(good) / dur, 4),
-            "output_tok_s": round(sum(r.completion_tokens or 0 for r in good) / dur, 3),
-            "fraction": round(len(good) / float(len(completed_in)), 4) if completed_in else 0.0,
-        }
-    else:
-        summary["goodput"] = None
+    summary["goodput"] = goodput(completed_in, slo, dur) if slo else None
     summary["slo"] = slo_verdict(summary, slo)
+    if also_slos:
+        summary["by_slo"] = {}
+        for name, other in sorted(also_slos.items()):
+            other = clean_slo(other)
+            summary["by_slo"][name] = {"goodput": goodput(completed_in, other, dur),
+                                       "slo": slo_verdict(summary, other)}
     summary["definition"] = STEADY_STATE
     summary["precision"] = precision(records, w0, w1, measured, summary["output_tok_s"])
     summary["whole_run"] = whole_run(records)

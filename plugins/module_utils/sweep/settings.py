@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from typing import Optional, Tuple
 
@@ -58,6 +59,27 @@ def check_levels(levels, name="levels", ascending=False, coerce=False):
     return out
 
 
+SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
+
+
+def check_also_slos(also, var="also_slos"):
+    """``also_slos``: {name: {ttft_ms, tpot_ms, e2e_ms}}, each name a word, each SLO a
+    mapping of at least one of those keys to a number > 0; raise SweepError naming ``var``."""
+    if also is None:
+        return
+    if not isinstance(also, dict):
+        raise SweepError("%s must be a mapping of a name to its SLO, got %r" % (var, also))
+    for name, slo in also.items():
+        if not isinstance(name, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$", name):
+            raise SweepError("%s: %r is not a name (letters, digits, _ . : -)" % (var, name))
+        if not isinstance(slo, dict) or not slo or set(slo) - set(SLO_KEYS):
+            raise SweepError("%s.%s must map some of %s to milliseconds, got %r"
+                             % (var, name, ", ".join(SLO_KEYS), slo))
+        for key, v in slo.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise SweepError("%s.%s.%s must be a number > 0, got %r" % (var, name, key, v))
+
+
 def check_params(p):
     """Validate the sweep parameters (a dict); raise SweepError naming the variable."""
     try:
@@ -77,6 +99,7 @@ def check_params(p):
     for key in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms"):
         if p.get(key) is not None and p[key] <= 0:
             raise SweepError("%s must be > 0 when given, got %r" % (key, p[key]))
+    check_also_slos(p.get("also_slos"))
     if p.get("saturation_threshold") is None or p["saturation_threshold"] < 0:
         raise SweepError("saturation_threshold must be >= 0, got %r"
                          % (p.get("saturation_threshold"),))
@@ -180,6 +203,7 @@ class SweepSettings(object):
     slo_ttft_ms: Optional[float] = None
     slo_tpot_ms: Optional[float] = None
     slo_e2e_ms: Optional[float] = None
+    also_slos: Optional[dict] = None
     stop_on_saturation: bool = True
     prompt_format: str = "token_ids"
     stream_transport: str = "native"

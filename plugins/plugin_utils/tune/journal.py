@@ -108,9 +108,9 @@ def anchor_factors(then_sweep, now_sweep):
 
 
 def anchored(sweep, factors, overall):
-    """A copy of ``sweep`` with each level's rates multiplied by its level's factor (``overall``
-    where the anchor lacks the level) and its output tok/s interval widened by the anchor's;
-    each level says how (``anchored``)."""
+    """A copy of ``sweep`` with each level's rates (its goodput under every SLO too)
+    multiplied by its level's factor (``overall`` where the anchor lacks the level) and its
+    output tok/s interval widened by the anchor's; each level says how (``anchored``)."""
     out = []
     for lv in sweep or []:
         a = factors.get(lv.get("concurrency")) or overall
@@ -119,10 +119,11 @@ def anchored(sweep, factors, overall):
         for k in ("output_tok_s", "total_tok_s", "request_s"):
             if isinstance(lv.get(k), (int, float)):
                 lv[k] = round(lv[k] * f, 4)
-        good = lv.get("goodput") or {}
-        for k in ("output_tok_s", "request_s"):
-            if isinstance(good.get(k), (int, float)):
-                good[k] = round(good[k] * f, 4)
+        for good in [lv.get("goodput") or {}] + [
+                (o or {}).get("goodput") or {} for o in (lv.get("by_slo") or {}).values()]:
+            for k in ("output_tok_s", "request_s"):
+                if isinstance(good.get(k), (int, float)):
+                    good[k] = round(good[k] * f, 4)
         p = (lv.get("precision") or {}).get("output_tok_s")
         h = _rel_half(lv)
         if p and h is not None:

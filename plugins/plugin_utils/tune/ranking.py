@@ -60,7 +60,7 @@ def combine_instances(per_instance):
                     "df": min(dfs) if dfs else None}
         tp50 = [(lv.get("tpot_ms") or {}).get("p50") for lv in group]
         tp50 = [v for v in tp50 if v is not None]
-        out.append({
+        row = {
             "concurrency": sum(lv["concurrency"] for lv in group),
             "output_tok_s": round(sum(lv.get("output_tok_s") or 0 for lv in group), 3),
             "total_tok_s": round(sum(lv.get("total_tok_s") or 0 for lv in group), 3),
@@ -73,7 +73,35 @@ def combine_instances(per_instance):
                         "request_s": round(sum(g.get("request_s") or 0 for g in good), 4)},
             "slo": {"met": met, "breaks": breaks},
             "precision": {"output_tok_s": prec},
-        })
+        }
+        names = set.intersection(*[set(lv.get("by_slo") or ()) for lv in group])
+        if names:
+            row["by_slo"] = dict((name, _combine_verdicts([lv["by_slo"][name] for lv in group]))
+                                 for name in sorted(names))
+        out.append(row)
+    return out
+
+
+def _combine_verdicts(parts):
+    """One other SLO's goodput and verdict over instances measured at the same time: goodput
+    summed, met only if met by every instance."""
+    good = [p.get("goodput") or {} for p in parts]
+    return {"goodput": {"output_tok_s": round(sum(g.get("output_tok_s") or 0 for g in good), 3),
+                        "request_s": round(sum(g.get("request_s") or 0 for g in good), 4)},
+            "slo": {"met": all((p.get("slo") or {}).get("met") for p in parts),
+                    "breaks": [b for p in parts for b in (p.get("slo") or {}).get("breaks", [])]}}
+
+
+def under_slo(levels, name):
+    """A sweep's levels as they stand under the other SLO ``name`` (the sweep's ``by_slo``):
+    its goodput and verdict in place of the run's own; None when a level was not judged by it
+    (a journal written without it)."""
+    out = []
+    for lv in levels or []:
+        other = (lv.get("by_slo") or {}).get(name)
+        if other is None:
+            return None
+        out.append(dict(lv, goodput=other.get("goodput"), slo=other.get("slo")))
     return out
 
 
@@ -265,8 +293,42 @@ def _interval_m(row):
     return {"value": row["goodput_tok_s"], "ci_low": iv[0], "ci_high": iv[1], "confidence": 0.95}
 
 
+def rank_other_slos(results, others, noise_floor=None):
+    """The same measurements ranked under each other SLO (``others``: name -> its limits):
+    per name, the SLO, the ranked rows (id, goodput and the levels that meet it, the
+    interval, why a candidate is out), the decision and the winner against the default. A
+    candidate whose measurement was not judged by that SLO (taken from a journal written
+    without it) is left out and named. The search itself followed the run's own SLO: what
+    was served and how often is the same for every SLO here."""
+    out = {}
+    for name, limits in sorted((others or {}).items()):
+        judged, unjudged = {}, []
+        for cid, res in results.items():
+            lay = res["candidate"]["layout"]
+            gpus = max(1, lay["tensor_parallel"] * lay["data_parallel"] * lay["instances"])
+            rounds = []
+            for r in res["rounds"]:
+                levels = under_slo(r.get("sweep"), name)
+                if levels is None:
+                    break
+                rounds.append(dict(r, sweep=levels, score=score(levels, gpus)))
+            if len(rounds) != len(res["rounds"]) or not rounds:
+                unjudged.append(cid)
+                continue
+            judged[cid] = dict(res, rounds=rounds)
+        table, decision = rank(judged, noise_floor=noise_floor) if judged else ([], None)
+        keep = ("id", "default", "rank", "goodput_tok_s", "goodput_level",
+                "highest_level_meeting_slo", "interval", "noise", "disqualified")
+        out[name] = {"slo": dict(limits, **{"class": name}),
+                     "ranked": [dict((k, r[k]) for k in keep) for r in table],
+                     "decision": decision,
+                     "versus_default": versus_default(table) if table else None,
+                     "not_judged": sorted(unjudged)}
+    return out
+
+
 def tune_document(host, slo, budget, refused, dropped, table, decision, vs_default, evidence,
-                  applied=False, dummy_weights=False):
+                  applied=False, dummy_weights=False, other_slos=None):
     """The write-back: host_vars/<host>/vllm_tune.yml's ``vllm_tune`` mapping."""
     gate_note = ("dummy weights: the gate compares layouts with each other only, not model "
                  "quality" if dummy_weights else
@@ -280,4 +342,5 @@ def tune_document(host, slo, budget, refused, dropped, table, decision, vs_defau
         "decision": decision, "versus_default": vs_default,
         "ranked": table, "refused": refused, "not_measured": dropped,
         "correctness_note": gate_note, "applied": bool(applied), "evidence": evidence,
+        "other_slos": other_slos or {},
     }

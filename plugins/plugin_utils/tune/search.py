@@ -16,15 +16,15 @@ from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.tune.candidates im
     admit, build_candidates, candidate_id, check_budget, check_knobs, enumerate_layouts,
     grid_minutes, knob_args, layout_id, resolve_slo, scale_slo, service_instances, TuneError)
 from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.tune.ranking import (
-    _reason, combine_instances, compare, decide, gate, goodput_measurement, rank, score,
-    spread, tune_document, versus_default)
+    _reason, combine_instances, compare, decide, gate, goodput_measurement, rank,
+    rank_other_slos, score, spread, tune_document, under_slo, versus_default)
 
 __all__ = (
     "admit", "build_candidates", "check_budget", "check_knobs", "choose_strategy",
     "combine_instances", "compare", "decide", "enumerate_layouts", "gate", "grid_minutes",
-    "halving_rounds", "knob_args", "layout_id", "rank", "resolve_slo", "scale_slo", "score",
-    "screening_plan", "Search", "service_instances", "spread", "STRATEGIES", "tune_document",
-    "TuneError", "versus_default")
+    "halving_rounds", "knob_args", "layout_id", "rank", "rank_other_slos", "resolve_slo",
+    "scale_slo", "score", "screening_plan", "Search", "service_instances", "spread",
+    "STRATEGIES", "tune_document", "TuneError", "under_slo", "versus_default")
 
 
 # ----------------------------------------------------------------------------- the search

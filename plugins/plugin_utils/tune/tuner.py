@@ -55,7 +55,7 @@ DEFAULTS = {
     "max_logprob_gap": None, "pinned": None, "dummy_weights": False, "apply": False,
     "restore": True, "grid": False, "strategy": "auto", "profile_overrides": None,
     "extra_args": None, "extravars": None, "resume": None, "reference_every": 0,
-    "min_lifetimes": 5,
+    "min_lifetimes": 5, "also_slos": None,
 }
 
 
@@ -83,6 +83,7 @@ class Tuner(object):
                                   params_b=o["params_b"], moe=o["moe"])
         if o["slo_scale"] != 1.0:
             self.slo = vt.scale_slo(self.slo, o["slo_scale"])
+        self.other_slos = self._other_slos()
         self.budget = vt.check_budget(o["budget_minutes"], o["budget_candidates"])
         knobs = vt.check_knobs(o["knobs"] or {})
         strategy = "grid" if o["grid"] else o["strategy"]
@@ -163,6 +164,31 @@ class Tuner(object):
                                 "default is measured first" % (dflt["id"], o["reference"]))
             self.resumed = jr.Resumed(paths, self.cands, self.settings(), self.say)
 
+    def _other_slos(self):
+        """``also_slos``: the SLO classes the same measurements are also ranked under, each
+        resolved like ``slo_class`` (the model's size class, ``slo_scale``): name -> SLO."""
+        o, out = self.o, {}
+        also = o["also_slos"]
+        if also is None:
+            return out
+        if isinstance(also, str) or not isinstance(also, (list, tuple)) or \
+                not all(isinstance(c, str) and c for c in also):
+            raise TuneError("also_slos must be a list of SLO classes (mlperf-interactive, "
+                            "mlperf-server, mlperf-<scenario>:<model>), got %r" % (also,))
+        for cls in also:
+            if cls == "custom":
+                raise TuneError("also_slos: %r: only the run's own SLO can be custom "
+                                "(ttft_ms, tpot_ms)" % cls)
+            slo = vt.resolve_slo(cls, params_b=o["params_b"], moe=o["moe"])
+            if o["slo_scale"] != 1.0:
+                slo = vt.scale_slo(slo, o["slo_scale"])
+            if slo["class"] == self.slo["class"] or slo["class"] in out:
+                raise TuneError("also_slos: %s is already %s" % (
+                    slo["class"], "the run's own SLO" if slo["class"] == self.slo["class"]
+                    else "listed"))
+            out[slo["class"]] = slo
+        return out
+
     def settings(self):
         """The settings a measurement depends on besides its candidate, window and levels
         (journal.SETTINGS): a journal written with others cannot be resumed."""
@@ -210,6 +236,10 @@ class Tuner(object):
                    "vllm_tune_input_len": o["input_len"], "vllm_tune_output_len": o["output_len"],
                    "vllm_tune_slo_ttft_ms": slo.get("ttft_ms") or 0,
                    "vllm_tune_slo_tpot_ms": slo.get("tpot_ms") or 0,
+                   "vllm_tune_also_slos": dict(
+                       (name, dict((k, v) for k, v in slo.items()
+                                   if k in ("ttft_ms", "tpot_ms") and v is not None))
+                       for name, slo in self.other_slos.items()),
                    "vllm_tune_stop_on_saturation": not self.grid})
         t0 = time.time()
         res = self.play(ev)
@@ -243,14 +273,27 @@ class Tuner(object):
         sc = vt.score(combined)
         split = (": serve %.0fs, measure %.0fs" % (run["serve_s"], run["measure_s"])
                  if "serve_s" in run else "")
-        self.say("%s window %.1fs levels %s: goodput %.1f tok/s at C=%s (%.0fs%s)"
+        self.say("%s window %.1fs levels %s: goodput %.1f tok/s at C=%s (%.0fs%s)%s"
                  % (cand["id"], window, lv, sc["goodput_tok_s"], sc["goodput_level"], elapsed,
-                    split))
+                    split, self._other_scores(combined)))
         self._record(cand, run, sc, combined, outs)
         out = {"levels": combined, "elapsed_s": elapsed, "correctness": outs}
         if "serve_s" in run:
             out.update(serve_s=run["serve_s"], measure_s=run["measure_s"])
         return out
+
+    def _other_scores(self, levels):
+        """'; under NAME: goodput G at C=L' for each other SLO, for the run's log."""
+        out = []
+        for name in sorted(self.other_slos):
+            judged = vt.under_slo(levels, name)
+            if judged is None:
+                out.append("; under %s: not judged" % name)
+                continue
+            sc = vt.score(judged)
+            out.append("; under %s: goodput %.1f tok/s at C=%s"
+                       % (name, sc["goodput_tok_s"], sc["goodput_level"]))
+        return "".join(out)
 
     def recall(self, cand, window, lv):
         """A resumed run: the journal's measurement of ``cand`` (anchored on the default
@@ -352,6 +395,8 @@ class Tuner(object):
             drift = search.drift
             table, decision = vt.rank(results, noise_floor=drift["spread"] if drift else None)
             vs = vt.versus_default(table)
+            others = vt.rank_other_slos(results, self.other_slos,
+                                        noise_floor=drift["spread"] if drift else None)
             win = next((r for r in table if r["rank"] == 1), None)
             if o["apply"] and win is not None:
                 final_insts = [dict(i, profile=self.profile) for i in
@@ -375,7 +420,7 @@ class Tuner(object):
                                [{"id": r["id"], "reasons": r["reasons"]} for r in self.refused],
                                not_measured, table, decision, vs, evidence,
                                applied=bool(o["apply"] and win),
-                               dummy_weights=o["dummy_weights"])
+                               dummy_weights=o["dummy_weights"], other_slos=others)
         return doc, rep.pareto_points(self.points), final_insts
 
 

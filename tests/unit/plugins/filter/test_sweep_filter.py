@@ -35,3 +35,14 @@ def test_compact_flags_and_saturation_signal():
     assert out["saturation_signal"].startswith("errors at concurrency 2")
     assert out["goodput"]["request_s"] == 0.0  # TTFT 200 ms > SLO 100 ms
     assert flt.FilterModule().filters()["vllm_sweep_compact"] is flt.vllm_sweep_compact
+
+
+def test_slos_problem_names_the_variable_and_passes_good_slos():
+    problem = flt.FilterModule().filters()["slos_problem"]
+    assert problem({}, "vllm_tune_also_slos") == ""
+    assert problem({"mlperf-server:llama2-70b": {"ttft_ms": 2000, "tpot_ms": 200}},
+                   "vllm_tune_also_slos") == ""
+    assert problem({"s": {"tpot_ms": -1}}, "vllm_tune_also_slos") == \
+        "vllm_tune_also_slos.s.tpot_ms must be a number > 0, got -1"
+    assert problem(["s"], "vllm_tune_also_slos").startswith(
+        "vllm_tune_also_slos must be a mapping of a name to its SLO")

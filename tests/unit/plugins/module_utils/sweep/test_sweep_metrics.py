@@ -424,6 +424,46 @@ def test_goodput_needs_every_slo_and_counts_the_good_ones():
     assert s["slo"]["breaks"] == ["tpot_ms: no measured requests"]
 
 
+def test_other_slos_judge_the_same_requests_as_the_runs_own_would():
+    fast = rec(0.0, 1.25, ct=5, chunks=[0.25, 1.25], expected=5)     # tpot 250, e2e 1250
+    slow = rec(0.0, 1.75, ct=5, chunks=[0.25, 1.75], expected=5)     # tpot 375, e2e 1750
+    both = [fast, slow]
+    others = {"tight": {"tpot_ms": 300}, "loose": {"tpot_ms": 400, "ttft_ms": 250}}
+    s = summarize_level(both, 2, 0.0, 2.0, 5, slo={"e2e_ms": 1000}, also_slos=others)
+    # the run's own SLO: neither request meets 1000 ms end to end
+    assert s["goodput"]["fraction"] == 0.0 and s["slo"]["met"] is False
+    assert sorted(s["by_slo"]) == ["loose", "tight"]
+    # each other SLO is what the run's own would be if it were that SLO
+    for name, other in others.items():
+        alone = summarize_level(both, 2, 0.0, 2.0, 5, slo=other)
+        assert s["by_slo"][name] == {"goodput": alone["goodput"], "slo": alone["slo"]}
+    assert s["by_slo"]["tight"]["goodput"]["fraction"] == 0.5
+    assert s["by_slo"]["tight"]["slo"]["met"] is False
+    assert s["by_slo"]["loose"]["goodput"] == {"request_s": 1.0, "output_tok_s": 5.0,
+                                               "fraction": 1.0}
+    assert s["by_slo"]["loose"]["slo"] == {"met": True, "breaks": []}
+    # without other SLOs the level has no by_slo at all
+    assert "by_slo" not in summarize_level(both, 2, 0.0, 2.0, 5, slo={"e2e_ms": 1000})
+
+
+@pytest.mark.parametrize("also, message", [
+    ("mlperf-server", "also_slos must be a mapping of a name to its SLO"),
+    ({"bad name": {"tpot_ms": 1}}, "also_slos: 'bad name' is not a name"),
+    ({"s": {}}, "also_slos.s must map some of ttft_ms, tpot_ms, e2e_ms to milliseconds"),
+    ({"s": {"itl_ms": 5}}, "also_slos.s must map some of ttft_ms, tpot_ms, e2e_ms"),
+    ({"s": {"tpot_ms": 0}}, "also_slos.s.tpot_ms must be a number > 0, got 0"),
+    ({"s": {"ttft_ms": True}}, "also_slos.s.ttft_ms must be a number > 0, got True"),
+])
+def test_other_slos_are_checked_naming_the_slo(also, message):
+    from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.vllm_sweep import (
+        SweepError, check_params)
+    with pytest.raises(SweepError) as e:
+        check_params(good_params(also_slos=also))
+    assert message in str(e.value)
+    check_params(good_params(also_slos={"mlperf-server:llama2-70b": {"ttft_ms": 2000.0,
+                                                                     "tpot_ms": 200}}))
+
+
 def in_phase_loop(conc=256, cycles=10, prefill=0.6, itl=0.0225, tokens=128):
     """A closed loop whose requests all have one length: they start together, prefill together
     (no token for ``prefill`` s), decode together and end together, cycle after cycle."""

@@ -356,6 +356,23 @@ def test_both_transports_count_exactly_what_the_server_generated(counting_server
         assert lv["client"]["connections_opened"] <= lv["concurrency"] + 2
 
 
+def test_a_sweep_judges_its_requests_by_every_other_slo_given(counting_server):
+    srv = counting_server()
+    res = run_sweep(sweep_params(srv.base_url, "m", levels=[1, 2], vocab_size=100,
+                                 duration_s=0.5, slo_tpot_ms=1e6, stop_on_saturation=False,
+                                 also_slos={"never": {"ttft_ms": 1e-6},
+                                            "always": {"e2e_ms": 1e6}}))
+    for lv in res["levels"]:
+        assert lv["requests_in_window"] > 0
+        never, always = lv["by_slo"]["never"], lv["by_slo"]["always"]
+        assert never["slo"]["met"] is False and never["goodput"]["request_s"] == 0.0
+        assert always["slo"] == {"met": True, "breaks": []}
+        # every request meets the loose SLO: its goodput is the level's whole rate
+        assert always["goodput"]["fraction"] == 1.0
+        assert always["goodput"]["output_tok_s"] == lv["output_tok_s"]
+        assert lv["goodput"]["output_tok_s"] == lv["output_tok_s"]  # the run's own, as before
+
+
 def test_an_unknown_transport_is_refused_naming_the_variable():
     from ansible_collections.vllm_ops.deploy.plugins.module_utils.sweep.vllm_sweep import (
         SweepError, check_params)

@@ -120,3 +120,94 @@ def test_restore_serves_the_inventory_again_unless_the_cli_says_no_restore(argv,
     if restores:  # the inventory's own instances: no candidate's instances in the play
         assert "vllm_service_instances" not in restored[0]
         assert restored[0]["vllm_tune_stop_units"] == ["vllm-main.service"]
+
+
+def _level(c, own, other, other_met, value=None):
+    value = value or own
+    return {"concurrency": c, "output_tok_s": value, "slo": {"met": True, "breaks": []},
+            "goodput": {"output_tok_s": own, "request_s": own / 10.0},
+            "precision": {"output_tok_s": {"value": value, "ci_low": value * 0.99,
+                                           "ci_high": value * 1.01, "confidence": 0.95}},
+            "by_slo": {"mlperf-interactive:llama3.1-8b": {
+                "goodput": {"output_tok_s": other, "request_s": other / 10.0},
+                "slo": {"met": other_met, "breaks": [] if other_met else ["tpot_ms p99 >"]}}}}
+
+
+def test_the_same_measurements_are_ranked_under_each_other_slo(tmp_path):
+    """--also-slo: the sweep judges every request by the other SLO too (the role gets its
+    limits), and the document ranks the same measurements under it, with its own winner and
+    its own comparison with vLLM's defaults; the search follows the run's own SLO."""
+    seen = []
+
+    def play(extravars):
+        if extravars.get("vllm_tune_measure") is False:
+            return {"rc": 0, "facts": {}}
+        seen.append(extravars)
+        insts = extravars["vllm_service_instances"]
+        if len(insts) == 1:  # tp1, vLLM's defaults: best under the interactive SLO
+            levels = [[_level(1, 100.0, 90.0, True), _level(2, 150.0, 20.0, False)]]
+        else:  # 2xtp1: more goodput under the server SLO, less under the interactive one
+            levels = [[_level(1, 60.0, 30.0, True), _level(2, 110.0, 5.0, False)]] * 2
+        return {"rc": 0, "facts": {"vllm_tune_measurement": {"levels": levels,
+                                                             "measure_s": "1.0"}}}
+
+    t = Tuner("h1", "cpu-tiny", play, journal=str(tmp_path / "m.jsonl"),
+              slo_class="mlperf-server", also_slos=["mlperf-interactive"], budget_candidates=2,
+              levels=[1, 2], grid=True)
+    doc, _points, _insts = t.run()
+    name = "mlperf-interactive:llama3.1-8b"
+    assert all(e["vllm_tune_also_slos"] == {name: {"ttft_ms": 500.0, "tpot_ms": 30.0}}
+               for e in seen)
+    assert doc["winner"]["id"] == "2xtp1" and doc["winner"]["goodput_tok_s"] == 220.0
+    other = doc["other_slos"][name]
+    assert other["slo"]["ttft_ms"] == 500.0 and other["slo"]["class"] == name
+    ranked = dict((r["id"], r) for r in other["ranked"])
+    assert ranked["tp1"]["rank"] == 1 and ranked["tp1"]["goodput_tok_s"] == 90.0
+    assert ranked["tp1"]["goodput_level"] == 1 and ranked["tp1"]["highest_level_meeting_slo"] == 1
+    assert ranked["2xtp1"]["goodput_tok_s"] == 60.0 and ranked["2xtp1"]["goodput_level"] == 2
+    assert other["versus_default"]["verdict"] == "the default is already best"
+    assert other["not_judged"] == []
+    # the run's own ranking is untouched by the other SLO
+    assert doc["versus_default"]["winner"] == "2xtp1" and doc["versus_default"]["verdict"] == "better"
+
+
+def test_a_measurement_not_judged_by_an_other_slo_is_named_not_ranked():
+    from ansible_collections.vllm_ops.deploy.plugins.plugin_utils.tune.ranking import (
+        rank_other_slos, score)
+    name = "mlperf-interactive:llama3.1-8b"
+    judged = [_level(1, 100.0, 90.0, True)]
+    old = [dict(judged[0])]
+    old[0].pop("by_slo")  # from a journal written without the other SLO
+    lay = {"tensor_parallel": 1, "data_parallel": 1, "instances": 1, "expert_parallel": False}
+    results = {
+        "tp1": {"candidate": {"id": "tp1", "default": True, "layout": lay, "knobs": {}},
+                "rounds": [{"window_s": 4.0, "sweep": judged, "score": score(judged)}]},
+        "x": {"candidate": {"id": "x", "default": False, "layout": lay,
+                            "knobs": {"max-num-seqs": 16}},
+              "rounds": [{"window_s": 4.0, "sweep": old, "score": score(old)}]}}
+    out = rank_other_slos(results, {name: {"ttft_ms": 500.0, "tpot_ms": 30.0}})[name]
+    assert out["not_judged"] == ["x"] and [r["id"] for r in out["ranked"]] == ["tp1"]
+    assert out["versus_default"]["verdict"].startswith("nothing to compare")
+
+
+@pytest.mark.parametrize("also, message", [
+    ("mlperf-interactive", "also_slos must be a list of SLO classes"),
+    (["mlperf-server"], "also_slos: mlperf-server:llama3.1-8b is already the run's own SLO"),
+    (["mlperf-interactive", "mlperf-interactive:llama3.1-8b"],
+     "also_slos: mlperf-interactive:llama3.1-8b is already listed"),
+    (["custom"], "also_slos: 'custom': only the run's own SLO can be custom"),
+    (["mlperf-offline"], "slo_class 'mlperf-offline' is not one of"),
+])
+def test_bad_other_slos_are_named(also, message):
+    with pytest.raises(TuneError) as e:
+        Tuner("h1", "cpu-tiny", no_play, slo_class="mlperf-server", budget_candidates=4,
+              also_slos=also)
+    assert message in str(e.value)
+
+
+def test_the_cli_passes_each_also_slo():
+    from vllm_deploy import cli
+    args = cli.build_parser().parse_args(
+        ["tune", "-i", "inv.yml", "--host", "h1", "--profile", "cpu-tiny", "--slo",
+         "mlperf-interactive", "--also-slo", "mlperf-server", "--also-slo", "mlperf-server:llama2-70b"])
+    assert args.also_slo == ["mlperf-server", "mlperf-server:llama2-70b"]
