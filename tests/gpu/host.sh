@@ -600,7 +600,7 @@ step_acceptance() {
       t=$SECONDS
       if step_tune --profile minimax-m2.5-tp4 --profile-overrides '{"parallel": {"tensor": 1}, "max_model_len": 8192}' \
           --extra-args "--load-format dummy" --gpus 1 --gpu-memory-mib "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)" \
-          --model-config "$MODELS/minimax-m2.5-reduced/config.json" --slo mlperf-interactive --params-b 229 \
+          --model-config "$MODELS/minimax-m2.5-reduced/config.json" --slo mlperf-interactive --also-slo mlperf-server --params-b 229 \
           --strategy screen --minutes "$mins" --candidates 8 --levels 1,64 --window 6 --rounds 2 --input-len 256 --output-len 128 \
           --ep false,true --knob max-num-seqs=default,512 --knob kv-cache-dtype=default,fp8 >"$ST/tune-accept.txt" 2>&1; then
         accept_row "tuner (screen, MiniMax-M2.5 cut)" PASS "deploy ${td} s; $(grep -A1 -m1 '^winner:' "$OUTD/tune.txt" | tr '\n' ' ' | cut -c1-240)" $((SECONDS - t))
