@@ -163,6 +163,17 @@ def compare_view(doc):
     line("highest C meeting SLO", d["highest_level_meeting_slo"], w["highest_level_meeting_slo"])
     line("noise (spread)", d["noise"], w["noise"])
     lines.append("ratio tuned/default: %s, verdict: %s" % (vs.get("ratio"), vs.get("verdict")))
+    for name, other in sorted((doc.get("other_slos") or {}).items()):
+        o_rows = dict((r["id"], r) for r in other["ranked"])
+        o_vs = other.get("versus_default") or {}
+        o_d, o_w = o_rows.get(o_vs.get("default")), o_rows.get(o_vs.get("winner"))
+        if not o_d or not o_w:
+            lines.append("under %s: no default/winner pair (%s)" % (name, o_vs.get("verdict")))
+            continue
+        lines.append("under %s: default %s tok/s at C=%s, winner %s %s tok/s at C=%s; ratio %s, "
+                     "verdict: %s" % (name, o_d["goodput_tok_s"], o_d["goodput_level"], o_w["id"],
+                                      o_w["goodput_tok_s"], o_w["goodput_level"],
+                                      o_vs.get("ratio"), o_vs.get("verdict")))
     return "\n".join(lines)
 
 

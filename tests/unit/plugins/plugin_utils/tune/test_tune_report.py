@@ -56,3 +56,20 @@ def test_reports_written(tmp_path):
     assert os.path.getsize(out["pareto"]) > 10000
     text = open(out["compare"]).read()
     assert "--max-num-seqs 8" in text and "(vLLM defaults)" in text and "ratio tuned/default: 2.0" in text
+
+
+def test_the_compare_view_has_a_line_per_other_slo():
+    doc = _doc()
+    doc["other_slos"] = {
+        "mlperf-interactive:llama3.1-8b": {
+            "ranked": [{"id": "tp1", "rank": 1, "goodput_tok_s": 90.0, "goodput_level": 2},
+                       {"id": "tp1 max-num-seqs=8", "rank": 2, "goodput_tok_s": 40.0,
+                        "goodput_level": 1}],
+            "versus_default": {"ratio": 1.0, "verdict": "the default is already best",
+                               "default": "tp1", "winner": "tp1"}},
+        "other": {"ranked": [], "versus_default": None}}
+    text = rep.compare_view(doc)
+    assert ("under mlperf-interactive:llama3.1-8b: default 90.0 tok/s at C=2, winner tp1 90.0 "
+            "tok/s at C=2; ratio 1.0, verdict: the default is already best") in text
+    assert "under other: no default/winner pair (None)" in text
+    assert "ratio tuned/default: 2.0" in text  # the run's own line stays first
