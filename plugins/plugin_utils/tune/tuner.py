@@ -84,6 +84,10 @@ class Tuner(object):
         if o["slo_scale"] != 1.0:
             self.slo = vt.scale_slo(self.slo, o["slo_scale"])
         self.other_slos = self._other_slos()
+        # what the sweep judges each request by: name -> the limits the class sets
+        self.other_limits = dict(
+            (name, dict((k, other[k]) for k in ("ttft_ms", "tpot_ms") if other.get(k) is not None))
+            for name, other in self.other_slos.items())
         self.budget = vt.check_budget(o["budget_minutes"], o["budget_candidates"])
         knobs = vt.check_knobs(o["knobs"] or {})
         strategy = "grid" if o["grid"] else o["strategy"]
@@ -236,10 +240,7 @@ class Tuner(object):
                    "vllm_tune_input_len": o["input_len"], "vllm_tune_output_len": o["output_len"],
                    "vllm_tune_slo_ttft_ms": slo.get("ttft_ms") or 0,
                    "vllm_tune_slo_tpot_ms": slo.get("tpot_ms") or 0,
-                   "vllm_tune_also_slos": dict(
-                       (name, dict((k, v) for k, v in slo.items()
-                                   if k in ("ttft_ms", "tpot_ms") and v is not None))
-                       for name, slo in self.other_slos.items()),
+                   "vllm_tune_also_slos": self.other_limits,
                    "vllm_tune_stop_on_saturation": not self.grid})
         t0 = time.time()
         res = self.play(ev)
@@ -393,10 +394,10 @@ class Tuner(object):
             results = search.run()
             decision_s = round(time.time() - t_start, 1)
             drift = search.drift
-            table, decision = vt.rank(results, noise_floor=drift["spread"] if drift else None)
+            floor = drift["spread"] if drift else None
+            table, decision = vt.rank(results, noise_floor=floor)
             vs = vt.versus_default(table)
-            others = vt.rank_other_slos(results, self.other_slos,
-                                        noise_floor=drift["spread"] if drift else None)
+            others = vt.rank_other_slos(results, self.other_slos, noise_floor=floor)
             win = next((r for r in table if r["rank"] == 1), None)
             if o["apply"] and win is not None:
                 final_insts = [dict(i, profile=self.profile) for i in
